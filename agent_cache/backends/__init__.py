@@ -1,0 +1,16 @@
+"""Backends: the HTTP protocol of SGLang workers."""
+
+from agent_cache.backends.protocol import ChatChunk, ChatResult, GenerateResult, ToolCall, ToolCallDelta, Usage
+from agent_cache.backends.sglang import AsyncSGLangClient, SGLangClient, normalize_worker_url
+
+__all__ = [
+    "AsyncSGLangClient",
+    "ChatChunk",
+    "ChatResult",
+    "GenerateResult",
+    "SGLangClient",
+    "ToolCall",
+    "ToolCallDelta",
+    "Usage",
+    "normalize_worker_url",
+]

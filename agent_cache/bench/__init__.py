@@ -1,0 +1,1 @@
+"""Benchmarks: workloads, trace replay, fleet simulation, policy comparison."""

@@ -1,0 +1,101 @@
+"""The ``agent-cache`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+
+def _sim_worker(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from agent_cache.sim import WorkerOptions, create_app
+
+    options = WorkerOptions(
+        served_model_name=args.served_model_name,
+        model_path=args.model_path,
+        max_total_tokens=args.max_total_tokens,
+        context_length=args.context_length,
+        page_size=args.page_size,
+        radix_eviction_policy=args.radix_eviction_policy,
+        disable_radix_cache=args.disable_radix_cache,
+        enable_cache_report=args.enable_cache_report,
+        max_running_requests=args.max_running_requests,
+        time_scale=args.time_scale,
+        startup_seconds=args.startup_seconds,
+    )
+    print(f"simulated SGLang worker (not SGLang) on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    uvicorn.run(create_app(options), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+def _positive(kind: type):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    return parse
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _add_sim_worker(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sim-worker", help="run one simulated SGLang worker (flags named as SGLang's)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--served-model-name", default="sim-llama-3.1-8b")
+    p.add_argument("--model-path", default="meta-llama/Llama-3.1-8B-Instruct")
+    p.add_argument("--max-total-tokens", type=_positive(int), default=200_000, help="KV capacity in tokens")
+    p.add_argument("--context-length", type=_positive(int), default=131_072)
+    p.add_argument("--page-size", type=_positive(int), default=1)
+    p.add_argument("--radix-eviction-policy", choices=["lru", "lfu"], default="lru")
+    p.add_argument("--disable-radix-cache", action="store_true")
+    p.add_argument("--enable-cache-report", action=argparse.BooleanOptionalAction, default=True,
+                   help="report cached_tokens in chat usage (SGLang's --enable-cache-report; on by default here)")
+    p.add_argument("--max-running-requests", type=_positive(int), default=64)
+    p.add_argument("--time-scale", type=_non_negative, default=1.0,
+                   help="1 = the latency model in real time, 0 = instant (default 1)")
+    p.add_argument("--startup-seconds", type=_non_negative, default=0.0, help="answer /health with 503 this long")
+    p.add_argument("--log-level", default="warning")
+    p.set_defaults(func=_sim_worker)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from agent_cache.demo import run_demo
+
+    return run_demo(args)
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="start simulated workers and run agent sessions against them")
+    p.add_argument("--workers", nargs="+", metavar="URL", help="real SGLang worker URLs (default: a simulated fleet)")
+    p.add_argument("--sessions", type=_positive(int), default=8)
+    p.add_argument("--steps", type=_positive(int), default=5)
+    p.add_argument("--fleet-size", type=_positive(int), default=4)
+    p.add_argument("--model", default=None, help="model name sent to the workers")
+    p.set_defaults(func=_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agent-cache", description="Prefix-cache-aware middleware for LLM agents on SGLang")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_demo(sub)
+    _add_sim_worker(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""One error hierarchy for agent-cache.
+
+Every error derives from :class:`AgentCacheError`. Errors a LangChain user
+may see from a model call also derive from the matching
+``langchain_core.exceptions`` type, so ``except ModelConnectionError`` and
+``except WorkerConnectionError`` both work.
+"""
+
+from __future__ import annotations
+
+from langchain_core.exceptions import (
+    ContextOverflowError,
+    ModelAPIError,
+    ModelConnectionError,
+    ModelInvalidRequestError,
+    ModelRateLimitError,
+    ModelTimeoutError,
+)
+
+
+class AgentCacheError(Exception):
+    """Base of every error raised by agent-cache."""
+
+
+class ConfigError(AgentCacheError, ValueError):
+    """Bad configuration or input; ``field`` names what is wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+# --- backend (SGLang workers) -------------------------------------------------
+
+
+class BackendError(AgentCacheError):
+    """A call to one SGLang worker failed.
+
+    ``url`` is the worker; ``retryable`` says whether the same request sent to
+    another worker (or later) may succeed.
+    """
+
+    retryable: bool = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str,
+        status: int | None = None,
+        retryable: bool | None = None,
+    ) -> None:
+        self.url = url
+        self.status = status
+        if retryable is not None:
+            self.retryable = retryable
+        # langchain-core's ModelError reads ``is_retryable``.
+        self.is_retryable = self.retryable
+        super().__init__(f"{message} (worker {url})")
+
+
+class WorkerConnectionError(BackendError, ModelConnectionError):
+    """The worker could not be reached (refused, reset, DNS)."""
+
+    retryable = True
+
+
+class WorkerTimeoutError(BackendError, ModelTimeoutError):
+    """The worker did not answer in time."""
+
+    retryable = True
+
+
+class WorkerHTTPError(BackendError):
+    """The worker answered with an HTTP error status."""
+
+
+class WorkerBadRequestError(WorkerHTTPError, ModelInvalidRequestError):
+    """HTTP 4xx: the request itself is wrong; another worker would refuse it too."""
+
+    retryable = False
+
+
+class ContextLengthError(WorkerBadRequestError, ContextOverflowError):
+    """The prompt is longer than the worker accepts."""
+
+
+class WorkerRateLimitError(WorkerHTTPError, ModelRateLimitError):
+    """HTTP 429."""
+
+    retryable = True
+
+
+class WorkerServerError(WorkerHTTPError, ModelAPIError):
+    """HTTP 5xx, including 503 while the worker is starting."""
+
+    retryable = True
+
+
+class MalformedResponseError(BackendError, ModelAPIError):
+    """The worker's answer is not the JSON shape SGLang documents."""
+
+    retryable = True
+
+
+class StreamError(BackendError, ModelAPIError):
+    """A stream ended without ``[DONE]`` or carried an error event."""
+
+    retryable = True
+
+
+# --- templates ----------------------------------------------------------------
+
+
+class TemplateError(AgentCacheError, ValueError):
+    """Messages or tools cannot be normalised; ``field`` names the bad part."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+# --- metadata store and routing ----------------------------------------------
+
+
+class StoreError(AgentCacheError):
+    """The metadata store failed."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store cannot be reached; routing falls back to degraded mode."""
+
+
+class RoutingError(AgentCacheError):
+    """No worker can take the call."""
+
+
+class NoHealthyWorkerError(RoutingError, ModelConnectionError):
+    """Every worker of the session's pool is unhealthy or draining."""
+
+    is_retryable = True
+
+
+# --- traces and benchmarks ----------------------------------------------------
+
+
+class TraceFormatError(AgentCacheError, ValueError):
+    """A trace file line is not valid; ``line`` is its 1-based number."""
+
+    def __init__(self, path: str, line: int, message: str) -> None:
+        self.path = path
+        self.line = line
+        super().__init__(f"{path}:{line}: {message}")

@@ -1,0 +1,211 @@
+"""A radix tree over token ids, as SGLang's RadixCache keeps its KV cache.
+
+Behaviour copied from SGLang (``srt/mem_cache/radix_cache.py``):
+
+* keys are token-id sequences; matches and insertions are page-aligned
+  (``page_size``): only whole pages are matched or stored;
+* ``extra_key`` namespaces the tree: the same tokens under another key do not
+  match (SGLang puts ``extra_key`` in every child key);
+* running requests hold a lock reference on their matched path, so it is
+  never evicted mid-request;
+* when the tree is over capacity, unreferenced leaves are evicted by LRU
+  (``last_access``) or LFU (``hit_count``, then LRU), as
+  ``--radix-eviction-policy`` chooses.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Sequence
+
+EVICTION_POLICIES = ("lru", "lfu")
+
+
+@dataclass(eq=False)
+class _Node:
+    key: list[int]
+    parent: "_Node | None"
+    extra_key: str | None = None
+    children: dict = field(default_factory=dict)
+    lock_ref: int = 0
+    last_access: float = 0.0
+    hit_count: int = 0
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """``length`` cached tokens, ending at ``node`` (hold it with :meth:`RadixCache.lock`)."""
+
+    length: int
+    node: _Node
+
+
+class RadixCache:
+    """Prefix cache over token ids with capacity in tokens and leaf eviction."""
+
+    def __init__(self, capacity_tokens: int, *, page_size: int = 1, eviction_policy: str = "lru") -> None:
+        if capacity_tokens <= 0:
+            raise ValueError("capacity_tokens must be positive")
+        if page_size <= 0:
+            raise ValueError("page_size must be positive")
+        if eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(f"eviction_policy must be one of {EVICTION_POLICIES}, got {eviction_policy!r}")
+        self.capacity = capacity_tokens
+        self.page_size = page_size
+        self.eviction_policy = eviction_policy
+        self._clock = itertools.count(1)  # logical time: deterministic LRU order
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop everything (``/flush_cache``)."""
+        self.root = _Node(key=[], parent=None)
+        self.root.lock_ref = 1
+        self.total_tokens = 0
+        self.evicted_tokens = 0
+
+    # --- lookup ---------------------------------------------------------------
+
+    def _child_key(self, key: Sequence[int], extra_key: str | None) -> tuple:
+        return (extra_key, tuple(key[: self.page_size]))
+
+    def match_prefix(self, key: Sequence[int], extra_key: str | None = None) -> MatchResult:
+        """Longest cached, page-aligned prefix of ``key``; touches the path."""
+        key = list(key[: len(key) // self.page_size * self.page_size])
+        node = self.root
+        now = next(self._clock)
+        node.last_access = now
+        matched = 0
+        while matched < len(key):
+            child = node.children.get(self._child_key(key[matched:], extra_key))
+            if child is None:
+                break
+            n = self._common_length(child.key, key, matched)
+            child.last_access = now
+            if n < len(child.key):
+                if n == 0:
+                    break
+                child = self._split(child, n)
+                matched += n
+                node = child
+                break
+            matched += n
+            node = child
+        if matched:
+            node.hit_count += 1
+        return MatchResult(length=matched, node=node)
+
+    def _common_length(self, node_key: list[int], key: list[int], offset: int) -> int:
+        limit = min(len(node_key), len(key) - offset)
+        if node_key[:limit] == key[offset : offset + limit]:
+            n = limit
+        else:
+            n = 0
+            while n < limit and node_key[n] == key[offset + n]:
+                n += 1
+        return n // self.page_size * self.page_size
+
+    def _split(self, child: _Node, n: int) -> _Node:
+        """Split ``child`` after ``n`` tokens; return the new upper node."""
+        parent = child.parent
+        assert parent is not None
+        upper = _Node(
+            key=child.key[:n],
+            parent=parent,
+            extra_key=child.extra_key,
+            lock_ref=child.lock_ref,
+            last_access=child.last_access,
+            hit_count=child.hit_count,
+        )
+        parent.children[self._child_key(upper.key, child.extra_key)] = upper
+        child.key = child.key[n:]
+        child.parent = upper
+        upper.children[self._child_key(child.key, child.extra_key)] = child
+        return upper
+
+    # --- insert ---------------------------------------------------------------
+
+    def insert(self, key: Sequence[int], extra_key: str | None = None) -> int:
+        """Store the page-aligned part of ``key``; returns the number of new tokens.
+
+        Evicts unreferenced leaves first if the new tokens do not fit; stores
+        only what fits when everything left is locked.
+        """
+        key = list(key[: len(key) // self.page_size * self.page_size])
+        match = self.match_prefix(key, extra_key)
+        new = key[match.length :]
+        if not new:
+            return 0
+        overflow = self.total_tokens + len(new) - self.capacity
+        if overflow > 0:
+            self.lock(match.node)  # the path we extend must survive its own eviction pass
+            try:
+                self.evict(overflow)
+            finally:
+                self.unlock(match.node)
+            room = (self.capacity - self.total_tokens) // self.page_size * self.page_size
+            new = new[: max(0, room)]
+            if not new:
+                return 0
+        node = _Node(key=new, parent=match.node, extra_key=extra_key, last_access=next(self._clock))
+        match.node.children[self._child_key(new, extra_key)] = node
+        self.total_tokens += len(new)
+        return len(new)
+
+    # --- references -----------------------------------------------------------
+
+    def lock(self, node: _Node) -> None:
+        """A running request now uses the path from the root to ``node``."""
+        while node is not None:
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: _Node) -> None:
+        while node is not None:
+            node.lock_ref -= 1
+            node = node.parent  # type: ignore[assignment]
+
+    # --- eviction -------------------------------------------------------------
+
+    def _leaves(self) -> list[_Node]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children.values())
+            elif node is not self.root:
+                out.append(node)
+        return out
+
+    def _priority(self, node: _Node) -> tuple:
+        if self.eviction_policy == "lfu":
+            return (node.hit_count, node.last_access)
+        return (node.last_access,)
+
+    def evict(self, num_tokens: int) -> int:
+        """Evict at least ``num_tokens`` from unreferenced leaves; returns how many went."""
+        heap = [(self._priority(n), id(n), n) for n in self._leaves() if n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            _, _, node = heapq.heappop(heap)
+            parent = node.parent
+            assert parent is not None
+            del parent.children[self._child_key(node.key, node.extra_key)]
+            freed += len(node.key)
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (self._priority(parent), id(parent), parent))
+        self.total_tokens -= freed
+        self.evicted_tokens += freed
+        return freed
+
+    @property
+    def evictable_tokens(self) -> int:
+        total, stack = 0, [self.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.lock_ref == 0:
+                total += len(node.key)
+        return total
