@@ -84,15 +84,32 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_demo)
 
 
+def _add_explain(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("explain", help="where prompts of a trace diverge from their cacheable prefix, and why",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda args: _explain(args.rest))
+
+
+def _explain(rest: list[str]) -> int:
+    from agent_cache.templates.explain import main_explain
+
+    return main_explain(rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent-cache", description="Prefix-cache-aware middleware for LLM agents on SGLang")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
+    _add_explain(sub)
     _add_sim_worker(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["explain"]:  # explain owns its own flags, --help included
+        return _explain(argv[1:])
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -7,11 +7,13 @@ The same request always gets the same answer. What it produces:
   replayed trace fills the cache with what the real model produced;
 * **tool calls**: when tools are offered and ``tool_choice`` is ``required``
   or names a function, or is ``auto`` (the default) and the last user
-  message mentions a tool by name; after a tool result the next mentioned
+  message mentions a tool by name (or by the last word of a snake_case name,
+  e.g. "weather" for ``get_weather``); after a tool result the next mentioned
   tool not yet called in this turn is called, then a final text answer;
   arguments satisfy the tool's JSON schema (quoted strings and numbers of the
   user message fill string and number fields in order);
-* **JSON** satisfying ``response_format`` (``json_schema`` or ``json_object``);
+* **JSON** satisfying ``response_format`` (``json_schema``, or ``json_object``
+  with the keys the user quotes when asking for "... 'a' and 'b' keys");
 * otherwise plain text made of words chosen by a hash of the prompt.
 """
 
@@ -140,8 +142,13 @@ def _mentioned(tools: Sequence[Mapping[str, Any]], text: str) -> list[Mapping[st
     hits = []
     for tool in tools:
         name = _tool_name(tool).lower()
+        # the name, spaced out, or its last word ("weather" for get_weather)
+        last = name.rsplit("_", 1)[-1] if "_" in name and len(name.rsplit("_", 1)[-1]) >= 4 else ""
         for form in (name, name.replace("_", " ")):
             pos = lowered.find(form) if form else -1
+            if pos < 0 and last:
+                match = re.search(rf"\b{re.escape(last)}\b", lowered)
+                pos = match.start() if match else -1
             if pos >= 0:
                 hits.append((pos, tool))
                 break
@@ -194,7 +201,9 @@ def plan_output(body: Mapping[str, Any], prompt_ids: Sequence[int]) -> PlannedOu
         value = _Filler(_last_user_text(messages), seed).value(schema, schema)
         return PlannedOutput(text=json.dumps(value, ensure_ascii=False), tool_calls=[])
     if isinstance(fmt, Mapping) and fmt.get("type") == "json_object":
-        return PlannedOutput(text=json.dumps({"answer": plain_text(seed, 6)}), tool_calls=[])
+        # keys the user asks for by quoting them ("... with 'a' and 'b' keys"), else "answer"
+        keys = _QUOTED.findall(_last_user_text(messages)) if re.search(r"\bkeys?\b", _last_user_text(messages)) else []
+        return PlannedOutput(text=json.dumps({k: plain_text(seed, 6) for k in keys or ["answer"]}), tool_calls=[])
 
     n_words = 8 + seed[0] % 24
     return PlannedOutput(text=plain_text(seed, n_words), tool_calls=[])

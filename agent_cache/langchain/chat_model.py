@@ -1,0 +1,445 @@
+"""``ChatSGLang``: a LangChain chat model over a fleet of SGLang workers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import weakref
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any, AsyncIterator, Callable, Iterator, Literal, Sequence
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import LanguageModelInput
+from langchain_core.language_models.chat_models import (
+    BaseChatModel,
+    LangSmithParams,
+    agenerate_from_stream,
+    generate_from_stream,
+)
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers.openai_tools import JsonOutputKeyToolsParser, PydanticToolsParser
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
+
+from agent_cache.backends.protocol import Usage
+from agent_cache.backends.sglang import AsyncSGLangClient, SGLangClient, normalize_worker_url
+from agent_cache.errors import BackendError, ConfigError
+from agent_cache.langchain.messages import to_ai_chunk, to_ai_message, to_openai_messages, usage_metadata
+from agent_cache.langchain.selector import _WorkerSelector
+from agent_cache.langchain.sessions import resolve_session_id, session_from_config
+
+_RETRY_BASE = 0.2  # seconds; doubles per attempt
+
+# kwargs of a call that configure this model rather than the request body
+_LOCAL_KWARGS = ("session_id", "_config_session", "stream_usage", "ls_structured_output_format")
+
+
+@dataclass
+class _Call:
+    session_id: str
+    model: str
+    messages: list[dict[str, Any]]
+    params: dict[str, Any]
+    include_usage: bool
+
+
+class ChatSGLang(BaseChatModel):
+    """Chat model for SGLang workers (OpenAI-compatible ``/v1/chat/completions``).
+
+    Give one worker as ``base_url`` or several as ``workers``; every call of
+    one session (see ``docs/langchain.md``) goes to the same worker so its
+    prompt prefix is served from that worker's radix cache.
+    """
+
+    model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True)
+
+    model_name: str = Field(default="default", alias="model")
+    base_url: str | None = None
+    workers: list[str] | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    timeout: float | None = 120.0
+    max_retries: int = 2
+    stop: list[str] | None = Field(default=None, alias="stop_sequences")
+    streaming: bool = False
+    stream_usage: bool = True
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    extra_body: dict[str, Any] | None = None
+    api_key: SecretStr | None = None
+
+    _selector: _WorkerSelector = PrivateAttr()
+    _clients: dict[str, SGLangClient] = PrivateAttr(default_factory=dict)
+    _aclients: weakref.WeakKeyDictionary = PrivateAttr(default_factory=weakref.WeakKeyDictionary)
+
+    def __init__(self, **kwargs: Any) -> None:
+        # Checked before pydantic so the caller sees ConfigError naming the field,
+        # not a ValidationError wrapping it.
+        base_url, workers = kwargs.get("base_url"), kwargs.get("workers")
+        if base_url is None and not workers:  # environment second, after keywords
+            base_url = kwargs["base_url"] = os.environ.get("AGENT_CACHE_BASE_URL") or None
+            env_workers = os.environ.get("AGENT_CACHE_WORKERS", "")
+            if base_url is None and env_workers.strip():
+                workers = kwargs["workers"] = [u.strip() for u in env_workers.split(",") if u.strip()]
+        if kwargs.get("api_key") is None and os.environ.get("AGENT_CACHE_API_KEY"):
+            kwargs["api_key"] = os.environ["AGENT_CACHE_API_KEY"]
+        if base_url is None and not workers:
+            raise ConfigError("base_url", "give base_url (one worker) or workers (a list of worker URLs)")
+        if base_url is not None and workers:
+            raise ConfigError("workers", "give either base_url or workers, not both")
+        if base_url is not None:
+            kwargs["base_url"] = normalize_worker_url(base_url, "base_url")
+        else:
+            kwargs["workers"] = [normalize_worker_url(u, f"workers[{i}]") for i, u in enumerate(workers)]
+        if kwargs.get("max_retries", 0) < 0:
+            raise ConfigError("max_retries", f"must be >= 0, got {kwargs['max_retries']}")
+        super().__init__(**kwargs)
+
+    @model_validator(mode="after")
+    def _make_selector(self) -> "ChatSGLang":
+        self._selector = _WorkerSelector([self.base_url] if self.base_url else list(self.workers or []))
+        return self
+
+    # --- LangChain metadata ---------------------------------------------------
+
+    @property
+    def _llm_type(self) -> str:
+        return "sglang"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_name": self.model_name,
+            "workers": list(self._selector.workers),
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "stop": self.stop,
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider="sglang",
+            ls_model_name=kwargs.get("model") or self.model_name,
+            ls_model_type="chat",
+        )
+        if (t := kwargs.get("temperature", self.temperature)) is not None:
+            params["ls_temperature"] = t
+        if (m := kwargs.get("max_tokens", self.max_tokens)) is not None:
+            params["ls_max_tokens"] = m
+        if stop := stop or kwargs.get("stop") or self.stop:
+            params["ls_stop"] = stop
+        return params
+
+    # --- entry points: remember the session the caller's config names ---------------
+
+    def invoke(self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
+        kwargs.setdefault("_config_session", session_from_config(config))
+        return super().invoke(input, config, **kwargs)
+
+    async def ainvoke(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AIMessage:
+        kwargs.setdefault("_config_session", session_from_config(config))
+        return await super().ainvoke(input, config, **kwargs)
+
+    def stream(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Iterator[AIMessageChunk]:
+        kwargs.setdefault("_config_session", session_from_config(config))
+        yield from super().stream(input, config, **kwargs)
+
+    async def astream(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[AIMessageChunk]:
+        kwargs.setdefault("_config_session", session_from_config(config))
+        async for chunk in super().astream(input, config, **kwargs):
+            yield chunk
+
+    # --- clients ----------------------------------------------------------------
+
+    def _key(self) -> str | None:
+        return self.api_key.get_secret_value() if self.api_key else None
+
+    def _client(self, worker: str) -> SGLangClient:
+        if worker not in self._clients:
+            self._clients[worker] = SGLangClient(worker, timeout=self.timeout, api_key=self._key())
+        return self._clients[worker]
+
+    def _aclient(self, worker: str) -> AsyncSGLangClient:
+        # httpx.AsyncClient is bound to the loop it first ran on; keep one per loop.
+        per_loop = self._aclients.setdefault(asyncio.get_running_loop(), {})
+        if worker not in per_loop:
+            per_loop[worker] = AsyncSGLangClient(worker, timeout=self.timeout, api_key=self._key())
+        return per_loop[worker]
+
+    # --- request building -------------------------------------------------------
+
+    def _prepare(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+    ) -> _Call:
+        kwargs = dict(kwargs)
+        session_id = resolve_session_id(kwargs.get("session_id"), run_manager, kwargs.get("_config_session"))
+        include_usage = bool(kwargs.get("stream_usage", self.stream_usage))
+        for name in _LOCAL_KWARGS:
+            kwargs.pop(name, None)
+        model = kwargs.pop("model", None) or self.model_name
+        params: dict[str, Any] = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        params.update(self.model_kwargs)
+        params.update(kwargs)
+        extra = {**(self.extra_body or {}), **(params.pop("extra_body", None) or {})}
+        if extra:
+            params["extra_body"] = extra
+        stops = stop or params.pop("stop", None) or self.stop
+        params["stop"] = stops or None
+        return _Call(session_id, model, to_openai_messages(messages), params, include_usage)
+
+    def _metadata(self, call: _Call, worker: str, model: str, finish: str | None, cached: int | None) -> dict:
+        return {
+            "model_name": model or call.model,
+            "model_provider": "sglang",
+            "finish_reason": finish,
+            "worker": worker,
+            "session_id": call.session_id,
+            "cached_tokens": cached,
+            "template_id": None,  # set once prompt templates are normalised
+        }
+
+    def _observe(self, worker: str, usage: Usage | None) -> None:
+        if usage is not None:
+            self._selector.report(worker, prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens or 0)
+
+    def _should_retry(self, exc: BackendError, worker: str, attempt: int) -> bool:
+        self._selector.report(worker, error=True)
+        return exc.retryable and attempt < self.max_retries
+
+    # --- non-streaming ------------------------------------------------------------
+
+    def _result(self, call: _Call, worker: str, result: Any) -> ChatResult:
+        self._observe(worker, result.usage)
+        cached = (result.usage.cached_tokens or 0) if result.usage else None
+        meta = self._metadata(call, worker, result.model, result.finish_reason, cached)
+        message = to_ai_message(result, meta)
+        return ChatResult(generations=[ChatGeneration(message=message)], llm_output={"model_name": meta["model_name"]})
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if self.streaming:
+            return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
+        call = self._prepare(messages, stop, run_manager, kwargs)
+        attempt = 0
+        while True:
+            worker = self._selector.pick(call.session_id, attempt=attempt)
+            try:
+                result = self._client(worker).chat(call.messages, model=call.model, **call.params)
+                return self._result(call, worker, result)
+            except BackendError as exc:
+                if not self._should_retry(exc, worker, attempt):
+                    raise
+            time.sleep(_RETRY_BASE * 2**attempt)
+            attempt += 1
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if self.streaming:
+            return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
+        call = self._prepare(messages, stop, run_manager, kwargs)
+        attempt = 0
+        while True:
+            worker = self._selector.pick(call.session_id, attempt=attempt)
+            try:
+                result = await self._aclient(worker).chat(call.messages, model=call.model, **call.params)
+                return self._result(call, worker, result)
+            except BackendError as exc:
+                if not self._should_retry(exc, worker, attempt):
+                    raise
+            await asyncio.sleep(_RETRY_BASE * 2**attempt)
+            attempt += 1
+
+    # --- streaming ------------------------------------------------------------------
+
+    def _final_chunk(self, call: _Call, worker: str, state: dict[str, Any]) -> ChatGenerationChunk:
+        usage: Usage | None = state.get("usage")
+        self._observe(worker, usage)
+        cached = (usage.cached_tokens or 0) if usage else None
+        meta = self._metadata(call, worker, state.get("model", ""), state.get("finish"), cached)
+        chunk = AIMessageChunk(
+            content="",
+            response_metadata=meta,
+            usage_metadata=usage_metadata(usage.prompt_tokens, usage.completion_tokens, cached or 0) if usage else None,
+            chunk_position="last",
+        )
+        return ChatGenerationChunk(message=chunk)
+
+    @staticmethod
+    def _track(state: dict[str, Any], chunk: Any) -> ChatGenerationChunk | None:
+        state["model"] = chunk.model or state.get("model", "")
+        if chunk.finish_reason:
+            state["finish"] = chunk.finish_reason
+        if chunk.usage is not None:
+            state["usage"] = chunk.usage
+        if chunk.content or chunk.tool_calls or chunk.reasoning_content:
+            return ChatGenerationChunk(message=to_ai_chunk(chunk))
+        return None
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        call = self._prepare(messages, stop, run_manager, kwargs)
+        attempt = 0
+        while True:
+            worker = self._selector.pick(call.session_id, attempt=attempt)
+            state: dict[str, Any] = {}
+            yielded = False
+            try:
+                chunks = self._client(worker).stream_chat(
+                    call.messages, model=call.model, include_usage=call.include_usage, **call.params
+                )
+                for raw in chunks:
+                    out = self._track(state, raw)
+                    if out is not None:
+                        yielded = True
+                        if run_manager:
+                            run_manager.on_llm_new_token(out.text, chunk=out)
+                        yield out
+                yield self._final_chunk(call, worker, state)
+                return
+            except BackendError as exc:
+                # once output reached the caller, a retry would duplicate it
+                if yielded or not self._should_retry(exc, worker, attempt):
+                    raise
+            time.sleep(_RETRY_BASE * 2**attempt)
+            attempt += 1
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        call = self._prepare(messages, stop, run_manager, kwargs)
+        attempt = 0
+        while True:
+            worker = self._selector.pick(call.session_id, attempt=attempt)
+            state: dict[str, Any] = {}
+            yielded = False
+            try:
+                chunks = self._aclient(worker).stream_chat(
+                    call.messages, model=call.model, include_usage=call.include_usage, **call.params
+                )
+                async for raw in chunks:
+                    out = self._track(state, raw)
+                    if out is not None:
+                        yielded = True
+                        if run_manager:
+                            await run_manager.on_llm_new_token(out.text, chunk=out)
+                        yield out
+                yield self._final_chunk(call, worker, state)
+                return
+            except BackendError as exc:
+                if yielded or not self._should_retry(exc, worker, attempt):
+                    raise
+            await asyncio.sleep(_RETRY_BASE * 2**attempt)
+            attempt += 1
+
+    # --- tools and structured output -----------------------------------------------
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable | BaseTool],
+        *,
+        tool_choice: str | bool | dict | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Offer tools; ``tool_choice`` is "auto", "none", "any"/"required"/True, a tool name or an OpenAI dict."""
+        formatted = [convert_to_openai_tool(t) for t in tools]
+        if tool_choice is not None and tool_choice is not False:
+            kwargs["tool_choice"] = _tool_choice(tool_choice, formatted)
+        return super().bind(tools=formatted, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: dict | type | None = None,
+        *,
+        method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, Any]:
+        """Structured output; ``json_schema`` (default) constrains decoding with SGLang's grammar backend."""
+        if kwargs:
+            raise ConfigError("with_structured_output", f"unexpected arguments {sorted(kwargs)}")
+        pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        if method == "json_mode":
+            llm = self.bind(response_format={"type": "json_object"}, ls_structured_output_format={
+                "kwargs": {"method": method}, "schema": schema})
+            parser: Runnable = PydanticOutputParser(pydantic_object=schema) if pydantic else JsonOutputParser()
+        else:
+            if schema is None:
+                raise ConfigError("schema", f"method {method!r} needs a schema")
+            tool = convert_to_openai_tool(schema, strict=strict)
+            fn = tool["function"]
+            ls_format = {"kwargs": {"method": method, "strict": strict}, "schema": tool}
+            if method == "function_calling":
+                llm = self.bind_tools([tool], tool_choice=fn["name"], ls_structured_output_format=ls_format)
+                parser = (
+                    PydanticToolsParser(tools=[schema], first_tool_only=True)
+                    if pydantic
+                    else JsonOutputKeyToolsParser(key_name=fn["name"], first_tool_only=True)
+                )
+            elif method == "json_schema":
+                spec: dict[str, Any] = {"name": fn["name"], "schema": fn.get("parameters") or {}}
+                if strict is not None:
+                    spec["strict"] = strict
+                llm = self.bind(
+                    response_format={"type": "json_schema", "json_schema": spec},
+                    ls_structured_output_format=ls_format,
+                )
+                parser = PydanticOutputParser(pydantic_object=schema) if pydantic else JsonOutputParser()
+            else:
+                raise ConfigError("method", f"expected json_schema, function_calling or json_mode, got {method!r}")
+        if not include_raw:
+            return llm | parser
+        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+        fallback = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
+
+
+def _tool_choice(choice: str | bool | dict, tools: list[dict[str, Any]]) -> str | dict:
+    if isinstance(choice, dict):
+        return choice
+    if choice is True or choice in ("any", "required"):
+        # one offered tool and "True" means that tool, as in other providers
+        if choice is True and len(tools) == 1:
+            return {"type": "function", "function": {"name": tools[0]["function"]["name"]}}
+        return "required"
+    if choice in ("auto", "none"):
+        return choice
+    names = [t["function"]["name"] for t in tools]
+    if choice not in names:
+        raise ConfigError("tool_choice", f"{choice!r} is not one of the bound tools {names}")
+    return {"type": "function", "function": {"name": choice}}

@@ -1,0 +1,55 @@
+"""Which session a model call belongs to.
+
+Order: an explicit ``session_id`` (bind/invoke kwarg, or set by the agent
+middleware), the callback metadata ``thread_id``, the ambient runnable config
+(``configurable.session_id``, ``configurable.thread_id``, ``metadata.thread_id``),
+and otherwise a fresh id so the call is its own session.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import ensure_config
+
+from agent_cache.errors import ConfigError
+
+
+def _from_run_manager(run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None) -> Any:
+    metadata = getattr(run_manager, "metadata", None) or {}
+    return metadata.get("thread_id")
+
+
+def session_from_config(config: RunnableConfig | None = None) -> str | None:
+    """The session named by a runnable config (merged with the ambient one)."""
+    config = ensure_config(config)
+    configurable = config.get("configurable") or {}
+    metadata = config.get("metadata") or {}
+    for value in (configurable.get("session_id"), configurable.get("thread_id"), metadata.get("thread_id")):
+        if value is not None:
+            return str(value)
+    return None
+
+
+def resolve_session_id(
+    explicit: Any = None,
+    run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None = None,
+    config_session: str | None = None,
+) -> str:
+    """The session id of one call (see the module docstring for the order).
+
+    ``config_session`` is what the caller's config named (``session_from_config``
+    at the public entry point, since a config passed to ``invoke`` is not
+    visible as the ambient config inside ``_generate``).
+    """
+    ambient = config_session if config_session is not None else session_from_config()
+    for value in (explicit, _from_run_manager(run_manager), ambient):
+        if value is None:
+            continue
+        if not isinstance(value, (str, int, uuid.UUID)) or str(value) == "":
+            raise ConfigError("session_id", f"expected a non-empty string, got {value!r}")
+        return str(value)
+    return f"anon-{uuid.uuid4().hex}"

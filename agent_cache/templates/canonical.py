@@ -1,0 +1,197 @@
+"""Canonical form of chat messages and tool schemas.
+
+Two prompts that mean the same thing should be byte-identical, so that a
+prefix cache can share them. Every change made here is one a model would not
+reasonably notice: Unicode NFC, one newline convention, no trailing
+whitespace, one representation for text-only content, tool schemas as JSON
+with sorted keys (and, by default, tools sorted by name).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from typing import Any, Mapping, Sequence
+
+from agent_cache.errors import TemplateError
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+STABLE_ROLES = frozenset({"system", "developer"})
+# Fixed key order for rendered messages; unknown keys follow, sorted.
+_KEY_ORDER = ("role", "name", "content", "tool_calls", "tool_call_id")
+# Text parts of a text-only content list are joined with this separator.
+PART_SEPARATOR = "\n"
+# Whitespace other than newline, at the end of a line or of the text.
+_TRAILING_WS = re.compile(r"[^\S\n]+(?=\n|\Z)")
+
+
+def canonical_text(text: str) -> str:
+    """NFC, ``\\r\\n``/``\\r`` -> ``\\n``, trailing whitespace stripped per line."""
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    # is_normalized is a fast C check; ASCII is always NFC.
+    if not text.isascii() and not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
+    return _TRAILING_WS.sub("", text)
+
+
+def _canon_content(content: Any, field: str, *, rewrite_text: bool) -> Any:
+    fix = canonical_text if rewrite_text else (lambda s: s)
+    if content is None or isinstance(content, str):
+        return None if content is None else fix(content)
+    if not isinstance(content, (list, tuple)):
+        raise TemplateError(field, f"must be a string, a list of parts or null, not {type(content).__name__}")
+    parts: list[Any] = []
+    text_only = True
+    for i, part in enumerate(content):
+        pf = f"{field}[{i}]"
+        if isinstance(part, str):  # LangChain allows bare strings as text parts
+            part = {"type": "text", "text": part}
+        if not isinstance(part, Mapping):
+            raise TemplateError(pf, f"a content part must be an object, not {type(part).__name__}")
+        ptype = part.get("type")
+        if not isinstance(ptype, str):
+            raise TemplateError(f"{pf}.type", "missing or not a string")
+        if ptype == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise TemplateError(f"{pf}.text", "a text part needs a string 'text'")
+            parts.append({**part, "text": fix(text)})
+        else:
+            text_only = False
+            parts.append(dict(part))  # images and other parts are kept as they are
+    if text_only:
+        return PART_SEPARATOR.join(p["text"] for p in parts)
+    return parts
+
+
+def _canon_tool_calls(calls: Any, field: str) -> list[dict]:
+    if not isinstance(calls, (list, tuple)):
+        raise TemplateError(field, "must be a list")
+    out = []
+    for i, call in enumerate(calls):
+        cf = f"{field}[{i}]"
+        if not isinstance(call, Mapping):
+            raise TemplateError(cf, "must be an object")
+        fn = call.get("function")
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn.get("name"):
+            raise TemplateError(f"{cf}.function.name", "missing or not a non-empty string")
+        args = fn.get("arguments", "")
+        if not isinstance(args, str):
+            raise TemplateError(f"{cf}.function.arguments", "must be a JSON string")
+        # Arguments are model output the cache already holds verbatim: keep them byte-exact.
+        out.append(_ordered({**call, "function": dict(fn)}, ("id", "type", "function")))
+    return out
+
+
+def _ordered(d: Mapping[str, Any], order: Sequence[str]) -> dict:
+    out = {k: d[k] for k in order if k in d}
+    for k in sorted(k for k in d if k not in out):
+        out[k] = d[k]
+    return out
+
+
+def canonical_message(msg: Any, index: int) -> dict:
+    """One message in canonical form; raises TemplateError naming the field."""
+    field = f"messages[{index}]"
+    if not isinstance(msg, Mapping):
+        raise TemplateError(field, f"a message must be an object, not {type(msg).__name__}")
+    role = msg.get("role")
+    if role not in ROLES:
+        raise TemplateError(f"{field}.role", f"unknown role {role!r}")
+    out = dict(msg)
+    if "content" not in msg and role != "assistant":
+        raise TemplateError(f"{field}.content", "missing")
+    # Assistant text is model output that the cache holds as generated; rewriting
+    # it would break the session's own prompt+output prefix.
+    content = _canon_content(msg.get("content"), f"{field}.content", rewrite_text=role != "assistant")
+    if content is None and role != "assistant":
+        raise TemplateError(f"{field}.content", "must not be null for this role")
+    out["content"] = content
+    if "name" in msg and msg["name"] is not None and not isinstance(msg["name"], str):
+        raise TemplateError(f"{field}.name", "must be a string")
+    if msg.get("tool_calls") is not None:
+        out["tool_calls"] = _canon_tool_calls(msg["tool_calls"], f"{field}.tool_calls")
+    if "tool_call_id" in msg and not isinstance(msg["tool_call_id"], str):
+        raise TemplateError(f"{field}.tool_call_id", "must be a string")
+    if role == "tool" and not isinstance(msg.get("tool_call_id"), str):
+        raise TemplateError(f"{field}.tool_call_id", "a tool message needs a string tool_call_id")
+    return _ordered(out, _KEY_ORDER)
+
+
+def _sorted_json(value: Any, field: str) -> Any:
+    """Rebuild ``value`` with keys sorted at every level; text canonicalised."""
+    if isinstance(value, Mapping):
+        out = {}
+        for k in sorted(value, key=lambda k: str(k)):
+            if not isinstance(k, str):
+                raise TemplateError(field, f"JSON object keys must be strings, got {k!r}")
+            out[k] = _sorted_json(value[k], f"{field}.{k}")
+        return out
+    if isinstance(value, (list, tuple)):
+        # List order is meaningful in JSON schema (enum, prefixItems): keep it.
+        return [_sorted_json(v, f"{field}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str):
+        return canonical_text(value)
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise TemplateError(field, "NaN and infinity are not JSON")
+        return value
+    raise TemplateError(field, f"not JSON-serialisable: {type(value).__name__}")
+
+
+def canonical_tool(tool: Any, index: int) -> dict:
+    field = f"tools[{index}]"
+    if not isinstance(tool, Mapping):
+        raise TemplateError(field, "a tool must be an object")
+    fn = tool.get("function")
+    if not isinstance(fn, Mapping):
+        raise TemplateError(f"{field}.function", "missing or not an object")
+    name = fn.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise TemplateError(f"{field}.function.name", "missing or not a non-empty string")
+    if "parameters" in fn:
+        _sorted_json(fn["parameters"], f"{field}.function.parameters")  # validate with the precise field
+    return _sorted_json(tool, field)
+
+
+def tools_json(tools: Sequence[Mapping] | None) -> str:
+    """Compact JSON of tools, keeping the key order the dicts carry."""
+    if not tools:
+        return ""
+    try:
+        return json.dumps(list(tools), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise TemplateError("tools", f"not JSON-serialisable: {e}") from None
+
+
+def canonicalize(
+    messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None, *, sort_tools: bool = True
+) -> tuple[list[dict], list[dict] | None]:
+    """Canonical copies of ``messages`` and ``tools`` (inputs are not modified)."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise TemplateError("messages", "must be a list of message objects")
+    out = [canonical_message(m, i) for i, m in enumerate(messages)]
+    ctools: list[dict] | None = None
+    if tools is not None:
+        if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+            raise TemplateError("tools", "must be a list of tool objects")
+        ctools = [canonical_tool(t, i) for i, t in enumerate(tools)]
+        if sort_tools:
+            # Name first; the full JSON breaks ties so the order is total.
+            ctools.sort(key=lambda t: (t["function"]["name"], tools_json([t])))
+    return out, ctools
+
+
+def content_text(content: Any) -> str:
+    """The text of a content value (non-text parts contribute nothing)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return PART_SEPARATOR.join(
+        p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text"
+    )

