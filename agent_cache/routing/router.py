@@ -1,0 +1,426 @@
+"""The router: pins sessions to workers, places new ones, fails over.
+
+Decisions happen in the store (one atomic round trip, so every process
+agrees); the router supplies the pool's workers with their health state and
+capacity, and handles what the store cannot: health, retries on another
+worker, and rendezvous-hash routing while the store is down.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
+
+from agent_cache.backends.sglang import SGLangClient
+from agent_cache.errors import (
+    BackendError,
+    ConfigError,
+    NoHealthyWorkerError,
+    RoutingError,
+    StoreError,
+    StoreUnavailableError,
+    WorkerConnectionError,
+)
+from agent_cache.routing.config import DEFAULT_POOL, WorkerConfig, parse_pools, parse_worker, parse_workers
+from agent_cache.routing.degraded import StoreAvailability, logger
+from agent_cache.routing.hashing import pool_for_session, rendezvous_pick
+from agent_cache.routing.health import HealthTracker
+from agent_cache.routing.metrics import RouterMetrics
+from agent_cache.routing.placement import DOWN, DRAINING, UP, Policy
+from agent_cache.store.base import DEFAULT_PREFIX, DEFAULT_SESSION_TTL, MetadataStore, RouteQuery, WorkerSpec
+from agent_cache.store.memory import MemoryStore
+
+T = TypeVar("T")
+DEFAULT_CAPACITY = 200_000  # KV tokens assumed until /server_info answers
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    session_id: str
+    template_id: str | None = None
+    tenant: str = "default"
+    pool: str | None = None
+    prompt_tokens_estimate: int = 0
+
+
+@dataclass(frozen=True)
+class Placement:
+    worker: str
+    outcome: str  # pinned | placed_template | placed_least_load | moved:<reason> | degraded
+    epoch: int
+    session_id: str = ""
+    tenant: str = "default"
+    template_id: str | None = None
+    pool: str = DEFAULT_POOL
+
+
+class Router:
+    """Session-sticky, template-aware, load-bounded routing over SGLang workers.
+
+    ``store``: a :class:`MetadataStore` (default: an in-process
+    :class:`MemoryStore`), or pass ``redis_url`` to share decisions across
+    processes. ``probe_interval``: seconds between active ``/health`` probes
+    in a background thread (``None``: no probes; breakers then reopen lazily
+    after their cooldown and the next call is the trial).
+    """
+
+    def __init__(
+        self,
+        workers: Sequence[str | Mapping[str, Any]],
+        *,
+        store: MetadataStore | None = None,
+        redis_url: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        session_ttl: float = DEFAULT_SESSION_TTL,
+        policy: Policy | None = None,
+        pools: Mapping[str, float] | None = None,
+        probe_interval: float | None = 5.0,
+        probe_timeout: float = 2.0,
+        failure_threshold: int = 3,
+        cooldown: float = 2.0,
+        max_attempts: int = 3,
+        default_capacity: int = DEFAULT_CAPACITY,
+        capacities: Mapping[str, int] | None = None,
+        registry: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._workers: list[WorkerConfig] = parse_workers(workers)
+        self._pools = parse_pools(pools, {w.pool for w in self._workers})
+        if store is not None and redis_url is not None:
+            raise ConfigError("store", "pass either store or redis_url, not both")
+        if max_attempts < 1:
+            raise ConfigError("max_attempts", f"must be >= 1, got {max_attempts}")
+        if probe_interval is not None and probe_interval <= 0:
+            raise ConfigError("probe_interval", f"must be > 0 or None, got {probe_interval}")
+        if redis_url is not None:
+            from agent_cache.store.redis_store import RedisStore
+
+            store = RedisStore(redis_url, prefix=prefix, session_ttl=session_ttl)
+        self.store: MetadataStore = store if store is not None else MemoryStore(session_ttl=session_ttl)
+        self.policy = policy or Policy()
+        self.max_attempts = max_attempts
+        self.default_capacity = default_capacity
+        self._capacity: dict[str, int] = dict(capacities or {})
+        self._draining: set[str] = set()
+        self._lock = threading.Lock()
+        self.health = HealthTracker(failure_threshold, cooldown)
+        self.availability = StoreAvailability()
+        self.metrics = RouterMetrics(registry)
+        self._clock = clock
+        self._probe_interval = probe_interval
+        self._probe_timeout = probe_timeout
+        self._stop = threading.Event()
+        self._probe_thread: threading.Thread | None = None
+        self._clients: dict[str, SGLangClient] = {}
+        if probe_interval is not None:
+            self._probe_thread = threading.Thread(target=self._probe_loop, name="agent-cache-probe", daemon=True)
+            self._probe_thread.start()
+
+    # --- configuration --------------------------------------------------------------
+
+    @property
+    def workers(self) -> list[WorkerConfig]:
+        return list(self._workers)
+
+    def add_worker(self, url: str | Mapping[str, Any], pool: str | None = None) -> str:
+        """Add a worker; no existing pin moves (new sessions may land on it)."""
+        spec = parse_worker(url if pool is None or not isinstance(url, str) else {"url": url, "pool": pool}, "worker")
+        with self._lock:
+            if any(w.url == spec.url for w in self._workers):
+                raise ConfigError("worker", f"{spec.url} is already configured")
+            self._workers = [*self._workers, spec]
+        return spec.url
+
+    def remove_worker(self, url: str) -> None:
+        """Remove a worker; only its sessions move (reason ``removed``) on their next call."""
+        with self._lock:
+            self._workers = [w for w in self._workers if w.url != url.rstrip("/")]
+        self.health.forget(url)
+
+    def drain(self, url: str) -> None:
+        """No new sessions; pinned ones move on their next call (reason ``draining``)."""
+        self._draining.add(url.rstrip("/"))
+
+    def undrain(self, url: str) -> None:
+        self._draining.discard(url.rstrip("/"))
+
+    def extra_key_for(self, tenant: str) -> str | None:
+        """SGLang ``extra_key`` that keeps one tenant's cache entries apart from another's."""
+        return None if tenant == "default" else tenant
+
+    def pool_for(self, request: RouteRequest) -> str:
+        if request.pool is not None:
+            if not any(w.pool == request.pool for w in self._workers):
+                raise RoutingError(f"pool {request.pool!r} has no workers")
+            return request.pool
+        if self._pools is not None:
+            return pool_for_session(request.session_id, self._pools)
+        pools = [w.pool for w in self._workers]
+        return DEFAULT_POOL if DEFAULT_POOL in pools else pools[0]
+
+    # --- routing --------------------------------------------------------------------
+
+    def _specs(self, pool: str, exclude: set[str]) -> tuple[WorkerSpec, ...]:
+        out = []
+        for w in self._workers:
+            if w.pool != pool:
+                continue
+            if w.url in exclude or not self.health.is_up(w.url):
+                state = DOWN
+            elif w.url in self._draining:
+                state = DRAINING
+            else:
+                state = UP
+            out.append(WorkerSpec(w.url, state, self._capacity.get(w.url, self.default_capacity)))
+        return tuple(out)
+
+    def _query(self, request: RouteRequest, exclude: set[str]) -> RouteQuery:
+        if not request.session_id:
+            raise ConfigError("session_id", "a non-empty session id is needed to route")
+        pool = self.pool_for(request)
+        return RouteQuery(
+            request.tenant, request.session_id, request.template_id, pool,
+            self._specs(pool, exclude), request.prompt_tokens_estimate,
+        )  # fmt: skip
+
+    def _degraded(self, request: RouteRequest, query: RouteQuery) -> Placement:
+        worker = rendezvous_pick(request.session_id, [w.url for w in query.workers if w.state == UP])
+        if worker is None:
+            raise NoHealthyWorkerError(f"no healthy worker in pool {query.pool!r}")
+        return self._placed(request, query, worker, "degraded", 0)
+
+    def _placed(self, request: RouteRequest, query: RouteQuery, worker: str, outcome: str, epoch: int) -> Placement:
+        self.metrics.decisions.labels(outcome).inc()
+        self.metrics.inflight.labels(worker).inc()
+        return Placement(worker, outcome, epoch, request.session_id, request.tenant, request.template_id, query.pool)
+
+    def _from_result(self, request: RouteRequest, query: RouteQuery, result: Any) -> Placement:
+        if result.worker is None:
+            raise NoHealthyWorkerError(f"no healthy worker in pool {query.pool!r}")
+        return self._placed(request, query, result.worker, result.outcome, result.epoch)
+
+    def route(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = frozenset()) -> Placement:
+        """Pick the worker for one call and count it in flight; pair with :meth:`done`."""
+        query = self._query(request, set(exclude))
+        if self.availability.should_try():
+            t0 = time.perf_counter()
+            try:
+                result = self.store.route(query, self.policy, self._clock())
+            except StoreUnavailableError as exc:
+                self.availability.failed(exc)
+                self.metrics.degraded.set(1)
+            else:
+                self.metrics.store_latency.labels("route").observe(time.perf_counter() - t0)
+                self.availability.succeeded()
+                self.metrics.degraded.set(0)
+                return self._from_result(request, query, result)
+        return self._degraded(request, query)
+
+    def done(self, placement: Placement) -> None:
+        """The call finished (either way): release its in-flight count."""
+        self.metrics.inflight.labels(placement.worker).dec()
+        if placement.outcome == "degraded" or self.availability.degraded:
+            return
+        try:
+            self.store.release(placement.worker, self._clock())
+        except StoreError as exc:
+            self._store_failed(exc)
+
+    def report(self, placement: Placement, *, prompt_tokens: int, cached_tokens: int) -> None:
+        """Usage of a successful call: feeds hit statistics and the overload-move signal."""
+        tid = placement.template_id or ""
+        self.metrics.prompt_tokens.labels(tid, placement.worker).inc(prompt_tokens)
+        self.metrics.cached_tokens.labels(tid, placement.worker).inc(cached_tokens)
+        if placement.outcome == "degraded" or self.availability.degraded:
+            return
+        try:
+            self.store.report(
+                placement.tenant, placement.session_id, placement.worker, placement.epoch,
+                placement.template_id, prompt_tokens, cached_tokens, self._clock(),
+            )  # fmt: skip
+        except StoreError as exc:
+            self._store_failed(exc)
+
+    def _store_failed(self, exc: StoreError) -> None:
+        if isinstance(exc, StoreUnavailableError):
+            self.availability.failed(exc)
+            self.metrics.degraded.set(1)
+        else:
+            logger.warning("metadata store error ignored: %s", exc)
+
+    def _call_failed(self, placement: Placement, exc: BackendError) -> None:
+        # A refused connection is proof enough; other errors must repeat to open the breaker.
+        if self.health.failure(placement.worker, hard=isinstance(exc, WorkerConnectionError)):
+            logger.warning("worker %s marked unhealthy: %s", placement.worker, exc)
+            self.metrics.healthy.labels(placement.worker).set(0)
+        self.metrics.failovers.labels(placement.worker).inc()
+
+    def execute(self, request: RouteRequest, call: Callable[[str], T]) -> tuple[T, Placement]:
+        """Run ``call(worker_url)`` on the session's worker; on a retryable BackendError move and retry."""
+        exclude: set[str] = set()
+        last: BackendError | None = None
+        for _ in range(self.max_attempts):
+            try:
+                placement = self.route(request, exclude=exclude)
+            except NoHealthyWorkerError:
+                if last is not None:
+                    raise last
+                raise
+            try:
+                result = call(placement.worker)
+            except BackendError as exc:
+                self.done(placement)
+                if not exc.retryable:
+                    raise
+                self._call_failed(placement, exc)
+                exclude.add(placement.worker)
+                last = exc
+                continue
+            except BaseException:
+                self.done(placement)
+                raise
+            self.done(placement)
+            if self.health.success(placement.worker):
+                self.metrics.healthy.labels(placement.worker).set(1)
+            return result, placement
+        assert last is not None
+        raise last
+
+    # --- async face -----------------------------------------------------------------
+
+    async def aroute(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = frozenset()) -> Placement:
+        query = self._query(request, set(exclude))
+        astore = self.store
+        if self.availability.should_try():
+            t0 = time.perf_counter()
+            try:
+                result = await astore.aroute(query, self.policy, self._clock())  # type: ignore[attr-defined]
+            except StoreUnavailableError as exc:
+                self.availability.failed(exc)
+                self.metrics.degraded.set(1)
+            else:
+                self.metrics.store_latency.labels("route").observe(time.perf_counter() - t0)
+                self.availability.succeeded()
+                self.metrics.degraded.set(0)
+                return self._from_result(request, query, result)
+        return self._degraded(request, query)
+
+    async def adone(self, placement: Placement) -> None:
+        self.metrics.inflight.labels(placement.worker).dec()
+        if placement.outcome == "degraded" or self.availability.degraded:
+            return
+        try:
+            await self.store.arelease(placement.worker, self._clock())  # type: ignore[attr-defined]
+        except StoreError as exc:
+            self._store_failed(exc)
+
+    async def areport(self, placement: Placement, *, prompt_tokens: int, cached_tokens: int) -> None:
+        tid = placement.template_id or ""
+        self.metrics.prompt_tokens.labels(tid, placement.worker).inc(prompt_tokens)
+        self.metrics.cached_tokens.labels(tid, placement.worker).inc(cached_tokens)
+        if placement.outcome == "degraded" or self.availability.degraded:
+            return
+        try:
+            await self.store.areport(  # type: ignore[attr-defined]
+                placement.tenant, placement.session_id, placement.worker, placement.epoch,
+                placement.template_id, prompt_tokens, cached_tokens, self._clock(),
+            )  # fmt: skip
+        except StoreError as exc:
+            self._store_failed(exc)
+
+    async def aexecute(self, request: RouteRequest, call: Callable[[str], Awaitable[T]]) -> tuple[T, Placement]:
+        """Async :meth:`execute`: ``await call(worker_url)`` with the same failover."""
+        exclude: set[str] = set()
+        last: BackendError | None = None
+        for _ in range(self.max_attempts):
+            try:
+                placement = await self.aroute(request, exclude=exclude)
+            except NoHealthyWorkerError:
+                if last is not None:
+                    raise last
+                raise
+            try:
+                result = await call(placement.worker)
+            except BackendError as exc:
+                await self.adone(placement)
+                if not exc.retryable:
+                    raise
+                self._call_failed(placement, exc)
+                exclude.add(placement.worker)
+                last = exc
+                continue
+            except BaseException:
+                await self.adone(placement)
+                raise
+            await self.adone(placement)
+            if self.health.success(placement.worker):
+                self.metrics.healthy.labels(placement.worker).set(1)
+            return result, placement
+        assert last is not None
+        raise last
+
+    # --- health probes --------------------------------------------------------------
+
+    def _client(self, url: str) -> SGLangClient:
+        c = self._clients.get(url)
+        if c is None:
+            c = self._clients[url] = SGLangClient(url, timeout=self._probe_timeout)
+        return c
+
+    def probe_once(self) -> None:
+        """Probe every worker's ``/health`` now (the background thread calls this)."""
+        for w in list(self._workers):
+            if self._stop.is_set():
+                return
+            client = self._client(w.url)
+            try:
+                client.health(timeout=self._probe_timeout)
+                if w.url not in self._capacity:
+                    cap = client.server_info().get("max_total_num_tokens")
+                    if isinstance(cap, int) and cap > 0:
+                        self._capacity[w.url] = cap
+            except BackendError as exc:
+                if self.health.failure(w.url, hard=True):
+                    logger.warning("worker %s failed its health probe: %s", w.url, exc)
+                self.metrics.healthy.labels(w.url).set(0)
+                continue
+            if self.health.success(w.url):
+                logger.warning("worker %s healthy again", w.url)
+            self.metrics.healthy.labels(w.url).set(1)
+        self._refresh_gauges()
+
+    def _refresh_gauges(self) -> None:
+        if self.availability.degraded:
+            return
+        try:
+            stats = self.store.stats(self._clock())
+        except StoreError:
+            return
+        for url, w in stats["workers"].items():
+            self.metrics.live_sessions.labels(url).set(w["sessions"])
+
+    def _probe_loop(self) -> None:
+        assert self._probe_interval is not None
+        while not self._stop.is_set():
+            try:
+                self.probe_once()
+            except Exception:  # never let the prober die silently
+                logger.exception("health probe loop error")
+            self._stop.wait(self._probe_interval)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._probe_thread is not None:
+            self._probe_thread.join(timeout=5)
+        for c in self._clients.values():
+            c.close()
+        self._clients.clear()
+        self.store.close()
+
+    def __enter__(self) -> "Router":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,118 @@
+"""The metadata store protocol and the records it exchanges with the router.
+
+A store holds hashes and counts only (ids, worker URLs, token counts, times),
+never prompt text. Times are passed in as ``now`` (seconds, float) so expiry
+is testable with an injected clock; stores keep them as integer milliseconds,
+which the Redis Lua script handles exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from agent_cache.routing.placement import Policy
+
+DEFAULT_PREFIX = "agent-cache"
+# An idle agent session's history survives in SGLang's LRU radix cache for
+# minutes under load; after 30 idle minutes the prefix is almost surely gone,
+# so the pin no longer buys anything and the session may be placed afresh.
+DEFAULT_SESSION_TTL = 30 * 60.0
+# A template counts as held by a worker if it served it within this window.
+DEFAULT_TEMPLATE_WINDOW = 10 * 60.0
+
+
+def to_ms(now: float) -> int:
+    return int(now * 1000)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """A worker as the router sees it now: URL, health state, KV capacity in tokens."""
+
+    url: str
+    state: str = "up"
+    capacity: int = 1
+
+
+@dataclass(frozen=True)
+class RouteQuery:
+    tenant: str
+    session_id: str
+    template_id: str | None
+    pool: str
+    workers: tuple[WorkerSpec, ...]  # the pool's workers, config order
+    prompt_tokens_estimate: int = 0
+
+
+@dataclass(frozen=True)
+class RouteResult:
+    worker: str | None  # None: the pool has no healthy worker
+    outcome: str
+    epoch: int
+    previous: str | None = None  # the worker a moved pin came from
+
+
+@runtime_checkable
+class MetadataStore(Protocol):
+    """Sync face. Every ``route`` is one atomic round trip."""
+
+    session_ttl: float
+    template_window: float
+
+    def route(self, query: RouteQuery, policy: Policy, now: float) -> RouteResult: ...
+
+    def release(self, worker: str, now: float) -> None: ...
+
+    def report(
+        self,
+        tenant: str,
+        session_id: str,
+        worker: str,
+        epoch: int,
+        template_id: str | None,
+        prompt_tokens: int,
+        cached_tokens: int,
+        now: float,
+    ) -> None: ...
+
+    def get_session(self, tenant: str, session_id: str, now: float) -> dict[str, Any] | None: ...
+
+    def set_worker(self, url: str, state: str, capacity: int, now: float) -> None: ...
+
+    def record_template(
+        self, tenant: str, template_id: str, token_length: int, session_id: str | None, now: float
+    ) -> None: ...
+
+    def template_info(self, tenant: str, template_id: str) -> dict[str, Any] | None: ...
+
+    def stats(self, now: float) -> dict[str, Any]: ...
+
+    def ping(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncMetadataStore(Protocol):
+    """Async face: same operations, awaitable."""
+
+    async def aroute(self, query: RouteQuery, policy: Policy, now: float) -> RouteResult: ...
+
+    async def arelease(self, worker: str, now: float) -> None: ...
+
+    async def areport(
+        self,
+        tenant: str,
+        session_id: str,
+        worker: str,
+        epoch: int,
+        template_id: str | None,
+        prompt_tokens: int,
+        cached_tokens: int,
+        now: float,
+    ) -> None: ...
+
+    async def aping(self) -> None: ...
+
+    async def aclose(self) -> None: ...

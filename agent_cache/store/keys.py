@@ -1,0 +1,71 @@
+"""Redis key layout.
+
+Every key of one deployment shares the hash tag ``{<prefix>}``, so each Lua
+script touches a single Redis Cluster slot. Trade-off: one deployment lives on
+one shard (no write scaling inside a deployment; a single Redis core handles
+far more decisions per second than a fleet makes), in exchange for global
+per-worker load counters that every tenant's decision reads atomically.
+Separate deployments (prefixes) spread over shards.
+
+Tenants are percent-encoded so ``:`` in a tenant cannot collide with the
+separator; session and template ids follow the last separator verbatim.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+
+def tag(prefix: str) -> str:
+    return "{" + prefix + "}"
+
+
+def member(tenant: str, ident: str) -> str:
+    """A tenant-namespaced id: used inside keys and as a set member."""
+    return quote(tenant, safe="") + ":" + ident
+
+
+def session(prefix: str, tenant: str, session_id: str) -> str:
+    return f"{tag(prefix)}:s:{member(tenant, session_id)}"
+
+
+def template(prefix: str, tenant: str, template_id: str) -> str:
+    """Sorted set: worker -> last time it served the template (ms)."""
+    return f"{tag(prefix)}:t:{member(tenant, template_id)}"
+
+
+def template_stats(prefix: str, tenant: str, template_id: str) -> str:
+    return f"{tag(prefix)}:ts:{member(tenant, template_id)}"
+
+
+def template_info(prefix: str, tenant: str, template_id: str) -> str:
+    return f"{tag(prefix)}:ti:{member(tenant, template_id)}"
+
+
+def template_sessions(prefix: str, tenant: str, template_id: str) -> str:
+    """HyperLogLog of session ids that used the template (bounded memory)."""
+    return f"{tag(prefix)}:tis:{member(tenant, template_id)}"
+
+
+def worker(prefix: str, url: str) -> str:
+    return f"{tag(prefix)}:w:{url}"
+
+
+def worker_sessions(prefix: str, url: str) -> str:
+    return f"{tag(prefix)}:ws:{url}"
+
+
+def worker_held(prefix: str, url: str) -> str:
+    return f"{tag(prefix)}:wh:{url}"
+
+
+def workers_set(prefix: str) -> str:
+    return f"{tag(prefix)}:workers"
+
+
+def templates_set(prefix: str) -> str:
+    return f"{tag(prefix)}:templates"
+
+
+def outcomes(prefix: str) -> str:
+    return f"{tag(prefix)}:outcomes"

@@ -1,0 +1,282 @@
+"""In-process metadata store: the embedded default for a single process.
+
+One ``threading.Lock`` makes each operation atomic across threads; operations
+are short dict updates, so the async face takes the same lock inline rather
+than hopping to a thread (holding it for microseconds does not stall a loop).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from agent_cache.routing.placement import PinView, Policy, Snapshot, WorkerView, choose_worker
+from agent_cache.store.base import (
+    DEFAULT_SESSION_TTL,
+    DEFAULT_TEMPLATE_WINDOW,
+    RouteQuery,
+    RouteResult,
+    to_ms,
+)
+
+
+class _Worker:
+    __slots__ = ("inflight", "kv_tokens", "sessions", "held", "state", "capacity", "prompt", "cached")
+
+    def __init__(self) -> None:
+        self.inflight = 0
+        self.kv_tokens = 0
+        self.sessions: dict[tuple[str, str], int] = {}  # session -> last seen (ms)
+        self.held: dict[tuple[str, str], int] = {}  # session -> estimated KV tokens
+        self.state = "up"
+        self.capacity = 0
+        self.prompt = 0
+        self.cached = 0
+
+
+class MemoryStore:
+    """Thread- and task-safe in-process store implementing both store faces."""
+
+    def __init__(
+        self,
+        *,
+        session_ttl: float = DEFAULT_SESSION_TTL,
+        template_window: float = DEFAULT_TEMPLATE_WINDOW,
+    ) -> None:
+        self.session_ttl = session_ttl
+        self.template_window = template_window
+        self._lock = threading.Lock()
+        self._sessions: dict[tuple[str, str], dict[str, Any]] = {}
+        self._templates: dict[tuple[str, str], dict[str, int]] = {}  # -> worker -> last use (ms)
+        self._template_stats: dict[tuple[str, str], list[int]] = {}  # -> [prompt, cached]
+        self._template_info: dict[tuple[str, str], dict[str, Any]] = {}
+        self._workers: dict[str, _Worker] = {}
+        self._outcomes: dict[str, int] = {}
+
+    # --- helpers (caller holds the lock) -------------------------------------
+
+    def _worker(self, url: str) -> _Worker:
+        w = self._workers.get(url)
+        if w is None:
+            w = self._workers[url] = _Worker()
+        return w
+
+    def _purge(self, w: _Worker, now_ms: int) -> None:
+        cutoff = now_ms - to_ms(self.session_ttl)
+        for key, seen in list(w.sessions.items()):
+            if seen < cutoff:
+                del w.sessions[key]
+                w.kv_tokens -= w.held.pop(key, 0)
+                rec = self._sessions.get(key)
+                if rec is not None and rec["last_seen"] < cutoff:
+                    del self._sessions[key]
+
+    def _detach(self, key: tuple[str, str], url: str) -> int:
+        """Drop a session from a worker's accounting; returns the KV tokens it held there."""
+        w = self._worker(url)
+        w.sessions.pop(key, None)
+        held = w.held.pop(key, 0)
+        w.kv_tokens -= held
+        return held
+
+    def _live(self, key: tuple[str, str], now_ms: int) -> dict[str, Any] | None:
+        rec = self._sessions.get(key)
+        if rec is not None and rec["last_seen"] < now_ms - to_ms(self.session_ttl):
+            self._detach(key, rec["worker"])
+            del self._sessions[key]
+            return None
+        return rec
+
+    # --- sync face ------------------------------------------------------------
+
+    def route(self, query: RouteQuery, policy: Policy, now: float) -> RouteResult:
+        now_ms = to_ms(now)
+        key = (query.tenant, query.session_id)
+        with self._lock:
+            views = []
+            for spec in query.workers:
+                w = self._worker(spec.url)
+                self._purge(w, now_ms)
+                views.append(WorkerView(spec.url, spec.state, w.inflight, w.kv_tokens, spec.capacity))
+            rec = self._live(key, now_ms)
+            pin = None
+            if rec is not None:
+                pin = PinView(rec["worker"], rec["epoch"], rec["last_cached"], rec["prev_cached"])
+            holders: frozenset[str] = frozenset()
+            if query.template_id:
+                cutoff = now_ms - to_ms(self.template_window)
+                used = self._templates.get((query.tenant, query.template_id), {})
+                holders = frozenset(u for u, t in used.items() if t >= cutoff)
+            decision = choose_worker(Snapshot(tuple(views), pin, holders), query.session_id, policy)
+            if decision.worker is None:
+                return RouteResult(None, decision.outcome, decision.epoch)
+            previous = rec["worker"] if rec is not None and decision.outcome.startswith("moved:") else None
+            self._apply(query, rec, decision.worker, decision.outcome, decision.epoch, now_ms)
+            return RouteResult(decision.worker, decision.outcome, decision.epoch, previous)
+
+    def _apply(
+        self, query: RouteQuery, rec: dict[str, Any] | None, url: str, outcome: str, epoch: int, now_ms: int
+    ) -> None:
+        key = (query.tenant, query.session_id)
+        est = query.prompt_tokens_estimate
+        if rec is None:
+            rec = self._sessions[key] = {
+                "worker": url, "template": query.template_id or "", "pool": query.pool,
+                "tenant": query.tenant, "created": now_ms, "last_seen": now_ms, "steps": 0,
+                "prompt_tokens": 0, "cached_tokens": 0, "last_cached": 0, "prev_cached": 0,
+                "epoch": epoch,
+            }  # fmt: skip
+        elif outcome.startswith("moved:"):
+            held = self._detach(key, rec["worker"])
+            rec["worker"] = url
+            rec["epoch"] = epoch
+            rec["last_cached"] = 0
+            rec["prev_cached"] = 0
+            # The new worker re-prefills the whole history, so it holds as much as before.
+            nw = self._worker(url)
+            nw.held[key] = held
+            nw.kv_tokens += held
+        w = self._worker(url)
+        held = w.held.get(key, 0)
+        if est > held:
+            w.kv_tokens += est - held
+            w.held[key] = est
+        rec["last_seen"] = now_ms
+        rec["steps"] += 1
+        w.sessions[key] = now_ms
+        w.inflight += 1
+        if query.template_id:
+            self._templates.setdefault((query.tenant, query.template_id), {})[url] = now_ms
+        self._outcomes[outcome] = self._outcomes.get(outcome, 0) + 1
+
+    def release(self, worker: str, now: float) -> None:
+        with self._lock:
+            w = self._worker(worker)
+            w.inflight = max(0, w.inflight - 1)
+
+    def report(
+        self,
+        tenant: str,
+        session_id: str,
+        worker: str,
+        epoch: int,
+        template_id: str | None,
+        prompt_tokens: int,
+        cached_tokens: int,
+        now: float,
+    ) -> None:
+        now_ms = to_ms(now)
+        with self._lock:
+            w = self._worker(worker)
+            w.prompt += prompt_tokens
+            w.cached += cached_tokens
+            rec = self._sessions.get((tenant, session_id))
+            if rec is not None and rec["worker"] == worker and rec["epoch"] == epoch:
+                rec["prompt_tokens"] += prompt_tokens
+                rec["cached_tokens"] += cached_tokens
+                rec["prev_cached"] = rec["last_cached"]
+                rec["last_cached"] = cached_tokens
+                w.kv_tokens += prompt_tokens - w.held.get((tenant, session_id), 0)
+                w.held[(tenant, session_id)] = prompt_tokens
+                rec["last_seen"] = now_ms
+                w.sessions[(tenant, session_id)] = now_ms
+            if template_id:
+                st = self._template_stats.setdefault((tenant, template_id), [0, 0])
+                st[0] += prompt_tokens
+                st[1] += cached_tokens
+                self._templates.setdefault((tenant, template_id), {})[worker] = now_ms
+
+    def get_session(self, tenant: str, session_id: str, now: float) -> dict[str, Any] | None:
+        with self._lock:
+            rec = self._live((tenant, session_id), to_ms(now))
+            return dict(rec) if rec is not None else None
+
+    def set_worker(self, url: str, state: str, capacity: int, now: float) -> None:
+        with self._lock:
+            w = self._worker(url)
+            w.state = state
+            w.capacity = capacity
+
+    def record_template(
+        self, tenant: str, template_id: str, token_length: int, session_id: str | None, now: float
+    ) -> None:
+        with self._lock:
+            info = self._template_info.setdefault(
+                (tenant, template_id), {"first_seen": now, "sessions": set(), "token_length": token_length}
+            )
+            info["token_length"] = token_length
+            if session_id is not None:
+                info["sessions"].add(session_id)
+
+    def template_info(self, tenant: str, template_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            info = self._template_info.get((tenant, template_id))
+            if info is None:
+                return None
+            return {
+                "first_seen": info["first_seen"],
+                "sessions": len(info["sessions"]),
+                "token_length": info["token_length"],
+            }
+
+    def stats(self, now: float) -> dict[str, Any]:
+        now_ms = to_ms(now)
+        with self._lock:
+            # Read-only, like the Redis store: expired sessions are purged on the next route.
+            live_cutoff = now_ms - to_ms(self.session_ttl)
+            workers = {}
+            for url, w in self._workers.items():
+                live = sum(1 for seen in w.sessions.values() if seen >= live_cutoff)
+                workers[url] = {
+                    "state": w.state, "capacity": w.capacity, "sessions": live,
+                    "inflight": w.inflight, "kv_tokens": w.kv_tokens,
+                    "prompt_tokens": w.prompt, "cached_tokens": w.cached,
+                }  # fmt: skip
+            cutoff = now_ms - to_ms(self.template_window)
+            templates = {}
+            for (tenant, tid), used in self._templates.items():
+                st = self._template_stats.get((tenant, tid), [0, 0])
+                templates[f"{tenant}/{tid}"] = {
+                    "workers": sorted(u for u, t in used.items() if t >= cutoff),
+                    "prompt_tokens": st[0],
+                    "cached_tokens": st[1],
+                }
+            return {
+                "workers": workers,
+                "templates": templates,
+                "sessions": sum(w["sessions"] for w in workers.values()),
+                "outcomes": dict(self._outcomes),
+            }
+
+    def ping(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    # --- async face -----------------------------------------------------------
+
+    async def aroute(self, query: RouteQuery, policy: Policy, now: float) -> RouteResult:
+        return self.route(query, policy, now)
+
+    async def arelease(self, worker: str, now: float) -> None:
+        self.release(worker, now)
+
+    async def areport(
+        self,
+        tenant: str,
+        session_id: str,
+        worker: str,
+        epoch: int,
+        template_id: str | None,
+        prompt_tokens: int,
+        cached_tokens: int,
+        now: float,
+    ) -> None:
+        self.report(tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens, now)
+
+    async def aping(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,404 @@
+"""Redis metadata store: one Lua script (EVALSHA) per routing decision.
+
+Short socket timeouts and no client-side retries: when Redis is down a call
+fails fast with :class:`StoreUnavailableError` and the router switches to
+degraded mode instead of stacking timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, TypeVar
+from urllib.parse import unquote, urlsplit
+
+import redis
+import redis.asyncio as aredis
+from redis.backoff import NoBackoff
+
+from agent_cache.errors import ConfigError, StoreError, StoreUnavailableError
+from agent_cache.routing.placement import Policy
+from agent_cache.store import keys, lua
+from agent_cache.store.base import (
+    DEFAULT_PREFIX,
+    DEFAULT_SESSION_TTL,
+    DEFAULT_TEMPLATE_WINDOW,
+    RouteQuery,
+    RouteResult,
+    to_ms,
+)
+
+T = TypeVar("T")
+_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster")
+_UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def validate_redis_url(url: str, field: str = "redis_url") -> str:
+    """Check a Redis URL's shape; raises ConfigError naming ``field``."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError(field, f"expected a Redis URL such as redis://127.0.0.1:6379/0, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        if "sentinel" in parts.scheme:  # several host:port pairs, comma-separated
+            for hp in parts.netloc.rsplit("@", 1)[-1].split(","):
+                host, _, port = hp.partition(":")
+                if not host or (port and not 0 < int(port) < 65536):
+                    raise ValueError(f"bad sentinel address {hp!r}")
+        else:
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise ConfigError(field, f"invalid Redis URL {url!r}: {exc}") from None
+    if parts.scheme not in _SCHEMES:
+        raise ConfigError(field, f"unsupported scheme {parts.scheme!r} in {url!r}; use one of {', '.join(_SCHEMES)}")
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ConfigError(field, f"no socket path in {url!r}")
+    elif "sentinel" not in parts.scheme and not parts.hostname:
+        raise ConfigError(field, f"no host in {url!r}")
+    if "sentinel" in parts.scheme and not parts.path.strip("/"):
+        raise ConfigError(field, f"no service name in {url!r}; use redis+sentinel://host:port/service_name")
+    return url
+
+
+def _map_errors(exc: Exception) -> StoreError:
+    if isinstance(exc, _UNAVAILABLE):
+        return StoreUnavailableError(f"redis unavailable: {exc}")
+    return StoreError(f"redis error: {exc}")
+
+
+def _sentinel_parts(url: str) -> tuple[list[tuple[str, int]], str, dict[str, Any]]:
+    parts = urlsplit(url)
+    hosts = []
+    for hp in parts.netloc.rsplit("@", 1)[-1].split(","):
+        host, _, port = hp.partition(":")
+        hosts.append((host, int(port or 26379)))
+    path = parts.path.strip("/").split("/")
+    opts: dict[str, Any] = {}
+    if parts.username:
+        opts["username"] = unquote(parts.username)
+    if parts.password:
+        opts["password"] = unquote(parts.password)
+    if len(path) > 1 and path[1]:
+        opts["db"] = int(path[1])
+    if parts.scheme.startswith("rediss"):
+        opts["ssl"] = True
+    return hosts, path[0], opts
+
+
+class RedisStore:
+    """Metadata store on Redis (plain, TLS, unix socket, Sentinel or Cluster).
+
+    ``url`` schemes: ``redis://``, ``rediss://`` (TLS), ``unix://``,
+    ``redis+sentinel://host:port[,host:port]/service_name[/db]``,
+    ``redis+cluster://host:port`` (or ``cluster=True``). Pass ``client`` /
+    ``async_client`` to bring your own redis-py clients.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        session_ttl: float = DEFAULT_SESSION_TTL,
+        template_window: float = DEFAULT_TEMPLATE_WINDOW,
+        socket_timeout: float = 0.25,
+        cluster: bool = False,
+        client: Any = None,
+        async_client: Any = None,
+        **redis_options: Any,
+    ) -> None:
+        if url is None and client is None:
+            raise ConfigError("redis_url", "pass a Redis URL or a client")
+        if url is not None:
+            validate_redis_url(url)
+        if not prefix or "{" in prefix or "}" in prefix:
+            raise ConfigError("prefix", f"prefix must be non-empty without braces, got {prefix!r}")
+        self.url = url
+        self.prefix = prefix
+        self.session_ttl = session_ttl
+        self.template_window = template_window
+        self._tag = keys.tag(prefix)
+        self._cluster = cluster or (url is not None and urlsplit(url).scheme.endswith("+cluster"))
+        self._options = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout, **redis_options}
+        self._client = client if client is not None else self._make_sync()
+        self._route = self._client.register_script(lua.ROUTE)
+        self._report = self._client.register_script(lua.REPORT)
+        self._release = self._client.register_script(lua.RELEASE)
+        self._aclient = async_client
+        self._aloop: asyncio.AbstractEventLoop | None = None
+        self._ascripts: tuple[Any, Any, Any] | None = None
+
+    # --- clients -----------------------------------------------------------------
+
+    def _url_for_client(self) -> str:
+        assert self.url is not None
+        parts = urlsplit(self.url)
+        if parts.scheme.endswith("+cluster"):
+            return parts._replace(scheme=parts.scheme.split("+")[0]).geturl()
+        return self.url
+
+    def _make_sync(self) -> Any:
+        from redis.retry import Retry
+
+        opts = dict(self._options, retry=Retry(NoBackoff(), 0))
+        scheme = urlsplit(self.url or "").scheme
+        if "sentinel" in scheme:
+            from redis.sentinel import Sentinel
+
+            hosts, service, extra = _sentinel_parts(self.url or "")
+            sentinel = Sentinel(hosts, socket_timeout=opts["socket_timeout"])
+            return sentinel.master_for(service, **extra, **opts)
+        if self._cluster:
+            from redis.cluster import RedisCluster
+
+            opts.pop("retry")
+            return RedisCluster.from_url(self._url_for_client(), **opts)
+        return redis.Redis.from_url(self._url_for_client(), **opts)
+
+    def _make_async(self) -> Any:
+        from redis.asyncio.retry import Retry
+
+        opts = dict(self._options, retry=Retry(NoBackoff(), 0))
+        scheme = urlsplit(self.url or "").scheme
+        if "sentinel" in scheme:
+            from redis.asyncio.sentinel import Sentinel
+
+            hosts, service, extra = _sentinel_parts(self.url or "")
+            sentinel = Sentinel(hosts, socket_timeout=opts["socket_timeout"])
+            return sentinel.master_for(service, **extra, **opts)
+        if self._cluster:
+            from redis.asyncio.cluster import RedisCluster
+
+            opts.pop("retry")
+            return RedisCluster.from_url(self._url_for_client(), **opts)
+        return aredis.Redis.from_url(self._url_for_client(), **opts)
+
+    def _async(self) -> tuple[Any, tuple[Any, Any, Any]]:
+        # An asyncio client is bound to the loop that created it.
+        loop = asyncio.get_running_loop()
+        if self._aclient is None or (self.url is not None and self._aloop is not loop):
+            if self.url is None:
+                raise ConfigError("async_client", "pass async_client to use the async face without a URL")
+            self._aclient = self._make_async()
+            self._ascripts = None
+            self._aloop = loop
+        if self._ascripts is None:
+            c = self._aclient
+            self._ascripts = (c.register_script(lua.ROUTE), c.register_script(lua.REPORT), c.register_script(lua.RELEASE))
+        return self._aclient, self._ascripts
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except redis.exceptions.RedisError as exc:
+            raise _map_errors(exc) from exc
+
+    async def _acall(self, coro: Any) -> Any:
+        try:
+            return await coro
+        except redis.exceptions.RedisError as exc:
+            raise _map_errors(exc) from exc
+        except OSError as exc:
+            raise StoreUnavailableError(f"redis unavailable: {exc}") from exc
+
+    # --- argument builders (shared by both faces) --------------------------------
+
+    def _route_args(self, q: RouteQuery, policy: Policy, now: float) -> tuple[list[str], list[Any]]:
+        tid = q.template_id or ""
+        k = [keys.session(self.prefix, q.tenant, q.session_id), keys.template(self.prefix, q.tenant, tid)]
+        args: list[Any] = [
+            self._tag, keys.member(q.tenant, q.session_id), tid, q.pool, q.tenant, q.session_id,
+            to_ms(now), to_ms(self.session_ttl), to_ms(self.template_window),
+            repr(float(policy.epsilon)), repr(float(policy.slack)), repr(float(policy.move_factor)),
+            repr(float(policy.kv_weight)), int(q.prompt_tokens_estimate), keys.member(q.tenant, tid),
+            len(q.workers),
+        ]  # fmt: skip
+        for w in q.workers:
+            args += [w.url, w.state, int(w.capacity)]
+        return k, args
+
+    @staticmethod
+    def _route_result(raw: list[Any]) -> RouteResult:
+        worker, outcome, epoch, previous = (x.decode() if isinstance(x, bytes) else x for x in raw)
+        return RouteResult(worker or None, outcome, int(epoch), previous or None)
+
+    def _report_args(
+        self, tenant: str, sid: str, worker: str, epoch: int, tid: str | None, p: int, c: int, now: float
+    ) -> tuple[list[str], list[Any]]:
+        t = tid or ""
+        k = [
+            keys.session(self.prefix, tenant, sid),
+            keys.template(self.prefix, tenant, t),
+            keys.template_stats(self.prefix, tenant, t),
+        ]
+        args = [self._tag, keys.member(tenant, sid), worker, int(epoch), t, keys.member(tenant, t), int(p), int(c), to_ms(now)]
+        return k, args
+
+    # --- sync face ----------------------------------------------------------------
+
+    def route(self, query: RouteQuery, policy: Policy, now: float) -> RouteResult:
+        k, a = self._route_args(query, policy, now)
+        return self._route_result(self._call(lambda: self._route(keys=k, args=a)))
+
+    def release(self, worker: str, now: float) -> None:
+        self._call(lambda: self._release(keys=[keys.worker(self.prefix, worker)], args=[]))
+
+    def report(
+        self,
+        tenant: str,
+        session_id: str,
+        worker: str,
+        epoch: int,
+        template_id: str | None,
+        prompt_tokens: int,
+        cached_tokens: int,
+        now: float,
+    ) -> None:
+        k, a = self._report_args(tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens, now)
+        self._call(lambda: self._report(keys=k, args=a))
+
+    def get_session(self, tenant: str, session_id: str, now: float) -> dict[str, Any] | None:
+        raw = self._call(lambda: self._client.hgetall(keys.session(self.prefix, tenant, session_id)))
+        rec = _decode_record(raw)
+        if not rec or rec["last_seen"] < to_ms(now) - to_ms(self.session_ttl):
+            return None
+        return rec
+
+    def set_worker(self, url: str, state: str, capacity: int, now: float) -> None:
+        mapping = {"state": state, "capacity": int(capacity), "updated": to_ms(now)}
+        self._call(lambda: self._client.hset(keys.worker(self.prefix, url), mapping=mapping))
+
+    def record_template(
+        self, tenant: str, template_id: str, token_length: int, session_id: str | None, now: float
+    ) -> None:
+        info = keys.template_info(self.prefix, tenant, template_id)
+
+        def run() -> None:
+            pipe = self._client.pipeline(transaction=not self._cluster)
+            pipe.hsetnx(info, "first_seen", repr(float(now)))
+            pipe.hset(info, "token_length", int(token_length))
+            if session_id is not None:
+                pipe.pfadd(keys.template_sessions(self.prefix, tenant, template_id), session_id)
+            pipe.execute()
+
+        self._call(run)
+
+    def template_info(self, tenant: str, template_id: str) -> dict[str, Any] | None:
+        info = keys.template_info(self.prefix, tenant, template_id)
+
+        def run() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.hgetall(info)
+            pipe.pfcount(keys.template_sessions(self.prefix, tenant, template_id))
+            return pipe.execute()
+
+        raw, count = self._call(run)
+        if not raw:
+            return None
+        d = {k.decode(): v.decode() for k, v in raw.items()}
+        return {"first_seen": float(d["first_seen"]), "sessions": int(count), "token_length": int(d["token_length"])}
+
+    def stats(self, now: float) -> dict[str, Any]:
+        return self._call(lambda: _collect_stats(self, self._client, now))
+
+    def ping(self) -> None:
+        self._call(self._client.ping)
+
+    def close(self) -> None:
+        self._client.close()
+
+    # --- async face ---------------------------------------------------------------
+
+    async def aroute(self, query: RouteQuery, policy: Policy, now: float) -> RouteResult:
+        _, (route, _, _) = self._async()
+        k, a = self._route_args(query, policy, now)
+        return self._route_result(await self._acall(route(keys=k, args=a)))
+
+    async def arelease(self, worker: str, now: float) -> None:
+        _, (_, _, release) = self._async()
+        await self._acall(release(keys=[keys.worker(self.prefix, worker)], args=[]))
+
+    async def areport(
+        self,
+        tenant: str,
+        session_id: str,
+        worker: str,
+        epoch: int,
+        template_id: str | None,
+        prompt_tokens: int,
+        cached_tokens: int,
+        now: float,
+    ) -> None:
+        _, (_, report, _) = self._async()
+        k, a = self._report_args(tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens, now)
+        await self._acall(report(keys=k, args=a))
+
+    async def aping(self) -> None:
+        client, _ = self._async()
+        await self._acall(client.ping())
+
+    async def aclose(self) -> None:
+        if self._aclient is not None:
+            await self._aclient.aclose()
+            self._aclient = None
+
+
+_INT_FIELDS = (
+    "created", "last_seen", "steps", "prompt_tokens", "cached_tokens", "last_cached", "prev_cached", "epoch",
+)  # fmt: skip
+
+
+def _decode_record(raw: dict[Any, Any]) -> dict[str, Any]:
+    rec: dict[str, Any] = {}
+    for k, v in raw.items():
+        key = k.decode() if isinstance(k, bytes) else k
+        val = v.decode() if isinstance(v, bytes) else v
+        rec[key] = int(float(val)) if key in _INT_FIELDS else val
+    return rec
+
+
+def _collect_stats(store: RedisStore, client: Any, now: float) -> dict[str, Any]:
+    p = store.prefix
+    now_ms = to_ms(now)
+    cutoff = now_ms - to_ms(store.session_ttl)
+    window = now_ms - to_ms(store.template_window)
+    workers = sorted(m.decode() for m in client.smembers(keys.workers_set(p)))
+    templates = sorted(m.decode() for m in client.smembers(keys.templates_set(p)))
+    pipe = client.pipeline(transaction=False)
+    for url in workers:
+        pipe.hgetall(keys.worker(p, url))
+        pipe.zcount(keys.worker_sessions(p, url), cutoff, "+inf")
+    for tm in templates:
+        tenant_enc, _, tid = tm.partition(":")
+        tenant = unquote(tenant_enc)
+        pipe.zrangebyscore(keys.template(p, tenant, tid), window, "+inf")
+        pipe.hgetall(keys.template_stats(p, tenant, tid))
+    pipe.hgetall(keys.outcomes(p))
+    res = pipe.execute()
+    out_workers: dict[str, Any] = {}
+    for i, url in enumerate(workers):
+        h = {k.decode(): v.decode() for k, v in res[2 * i].items()}
+        out_workers[url] = {
+            "state": h.get("state", "up"), "capacity": int(h.get("capacity", 0)),
+            "sessions": int(res[2 * i + 1]), "inflight": int(h.get("inflight", 0)),
+            "kv_tokens": int(h.get("kv_tokens", 0)), "prompt_tokens": int(h.get("prompt_tokens", 0)),
+            "cached_tokens": int(h.get("cached_tokens", 0)),
+        }  # fmt: skip
+    base = 2 * len(workers)
+    out_templates: dict[str, Any] = {}
+    for j, tm in enumerate(templates):
+        tenant_enc, _, tid = tm.partition(":")
+        if not tid:
+            continue
+        st = {k.decode(): int(v) for k, v in res[base + 2 * j + 1].items()}
+        out_templates[f"{unquote(tenant_enc)}/{tid}"] = {
+            "workers": sorted(w.decode() for w in res[base + 2 * j]),
+            "prompt_tokens": st.get("prompt_tokens", 0),
+            "cached_tokens": st.get("cached_tokens", 0),
+        }
+    outcomes = {k.decode(): int(v) for k, v in res[-1].items()}
+    return {
+        "workers": out_workers,
+        "templates": out_templates,
+        "sessions": sum(w["sessions"] for w in out_workers.values()),
+        "outcomes": outcomes,
+    }

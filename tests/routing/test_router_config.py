@@ -1,0 +1,56 @@
+"""Bad input is refused at construction with the field named."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_cache.errors import ConfigError, RoutingError
+from agent_cache.routing import RouteRequest, Router
+
+
+@pytest.mark.parametrize(
+    "workers, field",
+    [
+        ([], "workers"),
+        ("http://a:1", "workers"),
+        (["http://a:1", "ftp://b:2"], "workers[1]"),
+        (["http://a:1", {"url": "grpc://b:2", "pool": "x"}], "workers[1]"),
+        ([{"pool": "x"}], "workers[0]"),
+        ([{"url": "http://a:1", "pool": ""}], "workers[0].pool"),
+        (["http://a:1", "http://a:1/"], "workers[1]"),
+    ],
+)
+def test_bad_workers(workers, field):
+    with pytest.raises(ConfigError) as e:
+        Router(workers, probe_interval=None)
+    assert e.value.field == field
+
+
+@pytest.mark.parametrize("url", ["localhost:6379", "http://x", "redis://h:99999999", "redis+sentinel://h:1"])
+def test_bad_redis_url(url):
+    with pytest.raises(ConfigError) as e:
+        Router(["http://a:1"], redis_url=url, probe_interval=None)
+    assert e.value.field == "redis_url"
+
+
+@pytest.mark.parametrize("pools", [{"canary": 1.0}, {"default": 0.5}, {"default": 1.5}, {}])
+def test_bad_pools(pools):
+    with pytest.raises(ConfigError) as e:
+        Router(["http://a:1"], pools=pools, probe_interval=None)
+    assert e.value.field == "pools"
+
+
+def test_sentinel_and_unix_urls_construct():
+    from agent_cache.store import RedisStore
+
+    RedisStore("redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster/0")
+    RedisStore("unix:///tmp/redis.sock?db=1")
+    RedisStore("rediss://user:secret@127.0.0.1:6380/0")
+
+
+def test_unknown_pool_in_request():
+    with Router(["http://a:1"], probe_interval=None) as r:
+        with pytest.raises(RoutingError):
+            r.route(RouteRequest("s", pool="nope"))
+        with pytest.raises(ConfigError):
+            r.route(RouteRequest(""))

@@ -1,0 +1,155 @@
+"""Router over a shared store: restarts, Redis outages, added workers, pools, tenants, expiry."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from agent_cache.routing import RouteRequest, Router
+from agent_cache.store import MemoryStore, RedisStore, format_stats, stats_snapshot
+
+URLS = [f"http://10.0.0.{i}:30000" for i in range(1, 5)]
+
+
+def routed(router, sid, **kw):
+    p = router.route(RouteRequest(sid, **kw))
+    router.done(p)
+    return p
+
+
+def test_pins_survive_a_new_router_on_the_same_redis(redis_server, prefix):
+    r1 = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None)
+    pins = {f"s{i}": routed(r1, f"s{i}", template_id=f"t{i % 2}").worker for i in range(40)}
+    r1.close()
+    r2 = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None)
+    for sid, w in pins.items():
+        p = routed(r2, sid, template_id="other")  # whatever the template: the pin holds
+        assert (p.worker, p.outcome) == (w, "pinned")
+    r2.close()
+
+
+def _run_through_outage(router, pins, break_redis, heal_redis):
+    outcomes = []
+    break_redis()
+    t0 = time.monotonic()
+    for sid in pins:  # no call fails while Redis is away
+        outcomes.append(routed(router, sid).outcome)
+    assert time.monotonic() - t0 < 3.0, "no per-call timeouts pile up"
+    assert "degraded" in outcomes
+    heal_redis()
+    deadline = time.monotonic() + 15
+    while True:
+        p = routed(router, "probe-session")
+        if p.outcome != "degraded":
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    for sid, w in pins.items():
+        p = routed(router, sid)
+        assert (p.worker, p.outcome) == (w, "pinned")
+
+
+def test_redis_frozen_then_back(redis_server, prefix, caplog):
+    router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None)
+    pins = {f"s{i}": routed(router, f"s{i}").worker for i in range(30)}
+    with caplog.at_level(logging.WARNING, logger="agent_cache.routing"):
+        _run_through_outage(router, pins, redis_server.pause, redis_server.resume)
+    unavailable = [r for r in caplog.records if "unavailable" in r.getMessage()]
+    assert len(unavailable) == 1, "logged once per outage"
+    router.close()
+
+
+def test_redis_killed_and_restarted(redis_server, prefix):
+    router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None)
+    pins = {f"s{i}": routed(router, f"s{i}").worker for i in range(30)}
+    redis_server.save()  # a production Redis persists; this one snapshots once before the crash
+
+    def restart():
+        redis_server.start()
+
+    _run_through_outage(router, pins, redis_server.stop, restart)
+    router.close()
+
+
+def test_degraded_mode_agrees_across_processes():
+    # Two routers with dead stores pick the same worker per session by rendezvous hashing.
+    a = Router(URLS, redis_url="redis://127.0.0.1:1/0", probe_interval=None)
+    b = Router(list(reversed(URLS)), redis_url="redis://127.0.0.1:1/0", probe_interval=None)
+    for i in range(50):
+        pa, pb = routed(a, f"s{i}"), routed(b, f"s{i}")
+        assert pa.outcome == pb.outcome == "degraded" and pa.worker == pb.worker
+
+
+def test_adding_a_worker_moves_nothing_removing_moves_only_its_sessions():
+    router = Router(URLS[:3], probe_interval=None)
+    pins = {f"s{i}": routed(router, f"s{i}", template_id=f"t{i % 3}").worker for i in range(60)}
+    router.add_worker(URLS[3])
+    assert all(routed(router, sid).outcome == "pinned" for sid in pins)
+    new = [routed(router, f"n{i}").worker for i in range(10)]
+    assert URLS[3] in new
+    router.remove_worker(URLS[0])
+    now_pins = {}
+    for sid, w in pins.items():
+        p = routed(router, sid)
+        now_pins[sid] = p.worker
+        if w == URLS[0]:
+            assert p.outcome == "moved:removed" and p.worker != URLS[0]
+        else:
+            assert (p.worker, p.outcome) == (w, "pinned")
+    busiest = max(set(now_pins.values()), key=list(now_pins.values()).count)
+    router.drain(busiest)
+    moved = [routed(router, sid) for sid, w in now_pins.items() if w == busiest]
+    assert moved and all(p.outcome == "moved:draining" for p in moved)
+    assert all(routed(router, f"d{i}").worker != busiest for i in range(10))
+
+
+def test_pools_by_request_and_by_fraction():
+    workers = [{"url": URLS[0], "pool": "production"}, {"url": URLS[1], "pool": "production"},
+               {"url": URLS[2], "pool": "canary"}]  # fmt: skip
+    router = Router(workers, pools={"production": 0.8, "canary": 0.2}, probe_interval=None)
+    placed = [routed(router, f"s{i}") for i in range(400)]
+    canary = [p for p in placed if p.worker == URLS[2]]
+    assert all(p.pool == "canary" for p in canary) and 40 < len(canary) < 120
+    assert all(p.worker in URLS[:2] for p in placed if p.pool == "production")
+    forced = routed(router, "x", pool="canary")
+    assert forced.worker == URLS[2]
+
+
+def test_tenants_isolated():
+    store = MemoryStore()
+    router = Router(URLS, store=store, probe_interval=None)
+    a = routed(router, "same-id", tenant="acme", template_id="t")
+    b = routed(router, "same-id", tenant="globex", template_id="t")
+    assert a.outcome.startswith("placed") and b.outcome.startswith("placed")
+    assert store.get_session("acme", "same-id", time.time())["tenant"] == "acme"
+    assert router.extra_key_for("acme") == "acme" and router.extra_key_for("default") is None
+
+
+def test_idle_session_expires_with_injected_clock():
+    now = [1_000.0]
+    router = Router(URLS, session_ttl=1800.0, probe_interval=None, clock=lambda: now[0])
+    first = routed(router, "s", template_id="t")
+    now[0] += 1700
+    assert routed(router, "s").outcome == "pinned"  # use refreshes the TTL
+    now[0] += 1801
+    p = routed(router, "s")
+    assert p.outcome != "pinned" and p.epoch == 1
+    assert first.epoch == 1
+
+
+def test_stats_snapshot_and_format(redis_server, prefix):
+    router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None)
+    p = routed(router, "s1", template_id="t1")
+    router.report(p, prompt_tokens=1000, cached_tokens=0)
+    p = routed(router, "s1", template_id="t1")
+    router.report(p, prompt_tokens=1200, cached_tokens=1000)
+    snap = stats_snapshot(RedisStore(redis_server.url, prefix=prefix))
+    assert snap["sessions"] == 1
+    assert snap["templates"]["default/t1"]["workers"] == [p.worker]
+    assert abs(snap["hit_rate"] - 1000 / 2200) < 1e-9
+    text = format_stats(snap)
+    assert p.worker in text and "default/t1" in text
+    assert router.metrics.hit_rate("t1", p.worker) == 1000 / 2200
+    val = router.metrics.registry.get_sample_value("agent_cache_routing_decisions_total", {"outcome": "pinned"})
+    assert val == 1.0
+    router.close()

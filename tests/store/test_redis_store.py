@@ -1,0 +1,188 @@
+"""The Redis store against a real redis-server."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import random
+
+import pytest
+import redis
+
+from agent_cache.errors import ConfigError, StoreUnavailableError
+from agent_cache.routing.placement import Policy
+from agent_cache.store import MemoryStore, RedisStore, RouteQuery, WorkerSpec
+
+A, B, C = "http://a:1", "http://b:1", "http://c:1"
+WS = (WorkerSpec(A, capacity=10_000), WorkerSpec(B, capacity=10_000), WorkerSpec(C, capacity=10_000))
+P = Policy()
+
+
+def q(sid: str, tid: str | None = "t1", tenant: str = "default", workers=WS, est: int = 0) -> RouteQuery:
+    return RouteQuery(tenant, sid, tid, "default", workers, est)
+
+
+def test_pin_report_release(redis_server, prefix):
+    st = RedisStore(redis_server.url, prefix=prefix)
+    r1 = st.route(q("s1", est=1000), P, 100.0)
+    r2 = st.route(q("s1"), P, 101.0)
+    assert (r2.worker, r2.outcome, r2.epoch) == (r1.worker, "pinned", 1)
+    st.release(r1.worker, 101.0)
+    st.report("default", "s1", r1.worker, r1.epoch, "t1", 1500, 900, 102.0)
+    w = st.stats(102.0)["workers"][r1.worker]
+    assert (w["inflight"], w["kv_tokens"], w["sessions"], w["cached_tokens"]) == (1, 1500, 1, 900)
+    rec = st.get_session("default", "s1", 102.0)
+    assert rec["worker"] == r1.worker and rec["steps"] == 2 and rec["last_cached"] == 900
+    st.close()
+
+
+def test_keys_are_hash_tagged_and_tenant_namespaced(redis_server, prefix):
+    st = RedisStore(redis_server.url, prefix=prefix)
+    st.route(q("s1", tenant="acme:corp"), P, 0.0)
+    st.route(q("s1", tenant="globex"), P, 0.0)
+    raw = redis.Redis.from_url(redis_server.url)
+    ks = sorted(k.decode() for k in raw.keys(f"{{{prefix}}}*"))
+    assert all(k.startswith(f"{{{prefix}}}:") for k in ks)
+    assert f"{{{prefix}}}:s:acme%3Acorp:s1" in ks and f"{{{prefix}}}:s:globex:s1" in ks
+    assert st.get_session("acme", "s1", 0.0) is None
+    # no prompt text anywhere: only ids, URLs and counts
+    assert st.template_info("acme:corp", "t1") is None
+
+
+def test_template_registry_methods(redis_server, prefix):
+    st = RedisStore(redis_server.url, prefix=prefix)
+    st.record_template("default", "t9", 1200, "s1", 5.0)
+    st.record_template("default", "t9", 1300, "s2", 6.0)
+    st.record_template("default", "t9", 1300, "s2", 7.0)
+    assert st.template_info("default", "t9") == {"first_seen": 5.0, "sessions": 2, "token_length": 1300}
+    assert st.template_info("default", "nope") is None
+
+
+def test_pins_survive_new_store_object(redis_server, prefix):
+    first = RedisStore(redis_server.url, prefix=prefix)
+    placed = {f"s{i}": first.route(q(f"s{i}"), P, 10.0).worker for i in range(30)}
+    first.close()
+    second = RedisStore(redis_server.url, prefix=prefix)
+    for sid, worker in placed.items():
+        r = second.route(q(sid), P, 11.0)
+        assert (r.worker, r.outcome) == (worker, "pinned")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["", "http://localhost:6379", "redis://", "redis://host:notaport/0", "unix://", "redis+sentinel://h:26379"],
+)
+def test_bad_url_is_config_error(url):
+    with pytest.raises(ConfigError) as e:
+        RedisStore(url)
+    assert e.value.field == "redis_url"
+
+
+def test_down_redis_fails_fast_as_unavailable():
+    import time
+
+    st = RedisStore("redis://127.0.0.1:1/0")
+    t0 = time.monotonic()
+    with pytest.raises(StoreUnavailableError):
+        st.route(q("s1"), P, 0.0)
+    assert time.monotonic() - t0 < 1.0
+
+
+async def test_async_face(redis_server, prefix):
+    st = RedisStore(redis_server.url, prefix=prefix)
+    r1 = await st.aroute(q("s1", est=10), P, 0.0)
+    r2 = await st.aroute(q("s1"), P, 1.0)
+    assert r2.worker == r1.worker and r2.outcome == "pinned"
+    await st.areport("default", "s1", r1.worker, 1, "t1", 20, 5, 2.0)
+    await st.arelease(r1.worker, 2.0)
+    await st.aping()
+    assert st.stats(2.0)["workers"][r1.worker]["inflight"] == 1
+    await st.aclose()
+
+
+# --- the Lua script and the Python rule agree ------------------------------------
+
+
+def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
+    rng = random.Random(seed)
+    urls = [f"http://w{i}:8000" for i in range(rng.randint(2, 5))]
+    caps = {u: rng.choice([1000, 5000, 20000]) for u in urls}
+    policy = Policy(epsilon=rng.choice([0.1, 0.25, 0.5]), slack=rng.choice([0.0, 1.0, 2.0]))
+    now = 1_000.0
+    live: list[tuple[str, str, int, str]] = []
+    compared = 0
+    for _ in range(120):
+        op = rng.random()
+        now += rng.choice([0.001, 0.5, 3.0, 40.0])
+        if op < 0.6:
+            states = {u: rng.choices(["up", "down", "draining"], [8, 1, 1])[0] for u in urls}
+            present = [u for u in urls if rng.random() > 0.05]
+            workers = tuple(WorkerSpec(u, states[u], caps[u]) for u in present)
+            tenant = rng.choice(["default", "acme"])
+            sid = f"s{rng.randint(0, 15)}"
+            query = RouteQuery(tenant, sid, rng.choice([None, "t1", "t2", "t3"]), "default", workers, rng.randint(0, 3000))
+            a = memory.route(query, policy, now)
+            b = rstore.route(query, policy, now)
+            assert a == b, (seed, query)
+            compared += 1
+            if a.worker:
+                live.append((tenant, sid, a.epoch, a.worker))
+        elif op < 0.8 and live:
+            tenant, sid, epoch, worker = live.pop(rng.randrange(len(live)))
+            memory.release(worker, now)
+            rstore.release(worker, now)
+        elif live:
+            tenant, sid, epoch, worker = rng.choice(live)
+            p = rng.randint(100, 4000)
+            c = rng.randint(0, p)
+            tid = rng.choice([None, "t1", "t2"])
+            memory.report(tenant, sid, worker, epoch, tid, p, c, now)
+            rstore.report(tenant, sid, worker, epoch, tid, p, c, now)
+    ma, rb = memory.stats(now), rstore.stats(now)
+    for url, w in ma["workers"].items():
+        for field in ("inflight", "kv_tokens", "sessions", "prompt_tokens", "cached_tokens"):
+            assert w[field] == rb["workers"].get(url, {}).get(field, 0), (seed, url, field)
+    assert ma["outcomes"] == rb["outcomes"]
+    return compared
+
+
+def test_lua_script_matches_python_rule(redis_server):
+    total = 0
+    for seed in range(40):
+        memory = MemoryStore(session_ttl=60.0, template_window=30.0)
+        rstore = RedisStore(redis_server.url, prefix=f"eq-{seed}-{random.random()}", session_ttl=60.0, template_window=30.0)
+        total += _scenario(seed, memory, rstore)
+        rstore.close()
+    assert total > 2000
+
+
+# --- many processes placing the same new sessions at once ------------------------
+
+
+def _racer(url: str, prefix: str, start, out) -> None:
+    st = RedisStore(url, prefix=prefix, socket_timeout=5.0)
+    start.wait()
+    placed = {}
+    for i in range(200):
+        placed[f"s{i}"] = st.route(q(f"s{i}", tid=f"t{i % 3}"), P, 50.0).worker
+    out.put(placed)
+
+
+def test_32_processes_agree_on_every_new_session(redis_server, prefix):
+    ctx = mp.get_context("fork")
+    start = ctx.Event()
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_racer, args=(redis_server.url, prefix, start, out)) for _ in range(32)]
+    for p in procs:
+        p.start()
+    start.set()
+    results = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(10)
+    first = results[0]
+    assert all(r == first for r in results)
+    st = RedisStore(redis_server.url, prefix=prefix)
+    stats = st.stats(50.0)
+    assert stats["sessions"] == 200
+    assert sum(w["inflight"] for w in stats["workers"].values()) == 32 * 200
+    outcomes = stats["outcomes"]
+    assert outcomes["pinned"] == 31 * 200
