@@ -26,28 +26,36 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, Runn
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
 
 from agent_cache.backends.protocol import Usage
 from agent_cache.backends.sglang import AsyncSGLangClient, SGLangClient, normalize_worker_url
-from agent_cache.errors import BackendError, ConfigError
+from agent_cache.errors import BackendError, ConfigError, TemplateError
+from agent_cache.routing.router import Placement, Router
+from agent_cache.templates import Templater, TemplateRegistry
 from agent_cache.langchain.messages import to_ai_chunk, to_ai_message, to_openai_messages, usage_metadata
-from agent_cache.langchain.selector import _WorkerSelector
+from agent_cache.langchain.selector import RoutedPrompt, _WorkerSelector
 from agent_cache.langchain.sessions import resolve_session_id, session_from_config
 
 _RETRY_BASE = 0.2  # seconds; doubles per attempt
 
 # kwargs of a call that configure this model rather than the request body
-_LOCAL_KWARGS = ("session_id", "_config_session", "stream_usage", "ls_structured_output_format")
+_LOCAL_KWARGS = (
+    "session_id", "_config_session", "stream_usage", "ls_structured_output_format", "template_variables",
+)
 
 
 @dataclass
 class _Call:
     session_id: str
     model: str
-    messages: list[dict[str, Any]]
+    routed: RoutedPrompt
     params: dict[str, Any]
     include_usage: bool
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.routed.messages
 
 
 class ChatSGLang(BaseChatModel):
@@ -73,6 +81,14 @@ class ChatSGLang(BaseChatModel):
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     extra_body: dict[str, Any] | None = None
     api_key: SecretStr | None = None
+    # routing and templates (docs/langchain.md, docs/routing.md, docs/templates.md)
+    redis_url: str | None = None
+    router: Router | None = Field(default=None, exclude=True)
+    templates: str = "canonical"
+    template_variables: dict[str, str] | None = None
+    tenant: str = "default"
+    pool: str | None = None
+    health_probe_interval: float | None = None
 
     _selector: _WorkerSelector = PrivateAttr()
     _clients: dict[str, SGLangClient] = PrivateAttr(default_factory=dict)
@@ -99,12 +115,44 @@ class ChatSGLang(BaseChatModel):
             kwargs["workers"] = [normalize_worker_url(u, f"workers[{i}]") for i, u in enumerate(workers)]
         if kwargs.get("max_retries", 0) < 0:
             raise ConfigError("max_retries", f"must be >= 0, got {kwargs['max_retries']}")
-        super().__init__(**kwargs)
+        try:
+            super().__init__(**kwargs)
+        except ValidationError as exc:
+            # the router and templates validate their own options: surface their ConfigError
+            for err in exc.errors():
+                cause = (err.get("ctx") or {}).get("error")
+                if isinstance(cause, ConfigError):
+                    raise cause from None
+            raise
 
     @model_validator(mode="after")
     def _make_selector(self) -> "ChatSGLang":
-        self._selector = _WorkerSelector([self.base_url] if self.base_url else list(self.workers or []))
+        router = self.router
+        if router is None:
+            if self.redis_url is None and os.environ.get("AGENT_CACHE_REDIS_URL"):
+                self.redis_url = os.environ["AGENT_CACHE_REDIS_URL"]
+            router = Router(
+                [self.base_url] if self.base_url else list(self.workers or []),
+                redis_url=self.redis_url,
+                probe_interval=self.health_probe_interval,
+            )
+        try:
+            templater = Templater(
+                self.templates,
+                variables=self.template_variables,
+                tenant=self.tenant,
+                registry=TemplateRegistry(router.store),
+            )
+        except TemplateError as exc:
+            field = {"mode": "templates", "variables": "template_variables"}.get(exc.field, exc.field)
+            raise ConfigError(field, str(exc).split(": ", 1)[-1]) from exc
+        self._selector = _WorkerSelector(router, templater, tenant=self.tenant, pool=self.pool)
         return self
+
+    @property
+    def routing(self) -> Router:
+        """The router deciding which worker serves each session."""
+        return self._selector.router
 
     # --- LangChain metadata ---------------------------------------------------
 
@@ -201,33 +249,38 @@ class ChatSGLang(BaseChatModel):
             params["extra_body"] = extra
         stops = stop or params.pop("stop", None) or self.stop
         params["stop"] = stops or None
-        return _Call(session_id, model, to_openai_messages(messages), params, include_usage)
+        routed = self._selector.prepare(
+            to_openai_messages(messages), params.get("tools"), session_id, kwargs.get("template_variables")
+        )
+        if routed.tools is not None:
+            params["tools"] = routed.tools
+        if routed.extra_key is not None and "extra_key" not in params:
+            params["extra_key"] = routed.extra_key  # keeps tenants apart in the worker's radix cache
+        return _Call(session_id, model, routed, params, include_usage)
 
-    def _metadata(self, call: _Call, worker: str, model: str, finish: str | None, cached: int | None) -> dict:
+    def _metadata(self, call: _Call, placement: Placement, model: str, finish: str | None, cached: int | None) -> dict:
         return {
             "model_name": model or call.model,
             "model_provider": "sglang",
             "finish_reason": finish,
-            "worker": worker,
+            "worker": placement.worker,
             "session_id": call.session_id,
             "cached_tokens": cached,
-            "template_id": None,  # set once prompt templates are normalised
+            "template_id": call.routed.request.template_id,
+            "routing": placement.outcome,
         }
 
-    def _observe(self, worker: str, usage: Usage | None) -> None:
-        if usage is not None:
-            self._selector.report(worker, prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens or 0)
+    def _retry(self, exc: BaseException, attempt: int) -> bool:
+        return isinstance(exc, BackendError) and exc.retryable and attempt < self.max_retries
 
-    def _should_retry(self, exc: BackendError, worker: str, attempt: int) -> bool:
-        self._selector.report(worker, error=True)
-        return exc.retryable and attempt < self.max_retries
+    def _next_exclude(self, exclude: frozenset[str], placement: Placement) -> frozenset[str]:
+        return self._selector.next_exclude(exclude, placement.worker, self._selector.workers)
 
     # --- non-streaming ------------------------------------------------------------
 
-    def _result(self, call: _Call, worker: str, result: Any) -> ChatResult:
-        self._observe(worker, result.usage)
+    def _result(self, call: _Call, placement: Placement, result: Any) -> ChatResult:
         cached = (result.usage.cached_tokens or 0) if result.usage else None
-        meta = self._metadata(call, worker, result.model, result.finish_reason, cached)
+        meta = self._metadata(call, placement, result.model, result.finish_reason, cached)
         message = to_ai_message(result, meta)
         return ChatResult(generations=[ChatGeneration(message=message)], llm_output={"model_name": meta["model_name"]})
 
@@ -241,15 +294,19 @@ class ChatSGLang(BaseChatModel):
         if self.streaming:
             return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
         call = self._prepare(messages, stop, run_manager, kwargs)
-        attempt = 0
+        attempt, exclude = 0, frozenset[str]()
         while True:
-            worker = self._selector.pick(call.session_id, attempt=attempt)
+            placement = self._selector.begin(call.routed, exclude, retry=attempt > 0)
             try:
-                result = self._client(worker).chat(call.messages, model=call.model, **call.params)
-                return self._result(call, worker, result)
-            except BackendError as exc:
-                if not self._should_retry(exc, worker, attempt):
+                result = self._client(placement.worker).chat(call.messages, model=call.model, **call.params)
+            except BaseException as exc:
+                self._selector.fail(placement, exc)
+                if not self._retry(exc, attempt):
                     raise
+                exclude = self._next_exclude(exclude, placement)
+            else:
+                self._selector.succeed(placement, result.usage)
+                return self._result(call, placement, result)
             time.sleep(_RETRY_BASE * 2**attempt)
             attempt += 1
 
@@ -263,25 +320,28 @@ class ChatSGLang(BaseChatModel):
         if self.streaming:
             return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
         call = self._prepare(messages, stop, run_manager, kwargs)
-        attempt = 0
+        attempt, exclude = 0, frozenset[str]()
         while True:
-            worker = self._selector.pick(call.session_id, attempt=attempt)
+            placement = await self._selector.abegin(call.routed, exclude, retry=attempt > 0)
             try:
-                result = await self._aclient(worker).chat(call.messages, model=call.model, **call.params)
-                return self._result(call, worker, result)
-            except BackendError as exc:
-                if not self._should_retry(exc, worker, attempt):
+                result = await self._aclient(placement.worker).chat(call.messages, model=call.model, **call.params)
+            except BaseException as exc:
+                await self._selector.afail(placement, exc)
+                if not self._retry(exc, attempt):
                     raise
+                exclude = self._next_exclude(exclude, placement)
+            else:
+                await self._selector.asucceed(placement, result.usage)
+                return self._result(call, placement, result)
             await asyncio.sleep(_RETRY_BASE * 2**attempt)
             attempt += 1
 
     # --- streaming ------------------------------------------------------------------
 
-    def _final_chunk(self, call: _Call, worker: str, state: dict[str, Any]) -> ChatGenerationChunk:
+    def _final_chunk(self, call: _Call, placement: Placement, state: dict[str, Any]) -> ChatGenerationChunk:
         usage: Usage | None = state.get("usage")
-        self._observe(worker, usage)
         cached = (usage.cached_tokens or 0) if usage else None
-        meta = self._metadata(call, worker, state.get("model", ""), state.get("finish"), cached)
+        meta = self._metadata(call, placement, state.get("model", ""), state.get("finish"), cached)
         chunk = AIMessageChunk(
             content="",
             response_metadata=meta,
@@ -309,13 +369,13 @@ class ChatSGLang(BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         call = self._prepare(messages, stop, run_manager, kwargs)
-        attempt = 0
+        attempt, exclude = 0, frozenset[str]()
         while True:
-            worker = self._selector.pick(call.session_id, attempt=attempt)
+            placement = self._selector.begin(call.routed, exclude, retry=attempt > 0)
             state: dict[str, Any] = {}
             yielded = False
             try:
-                chunks = self._client(worker).stream_chat(
+                chunks = self._client(placement.worker).stream_chat(
                     call.messages, model=call.model, include_usage=call.include_usage, **call.params
                 )
                 for raw in chunks:
@@ -325,12 +385,16 @@ class ChatSGLang(BaseChatModel):
                         if run_manager:
                             run_manager.on_llm_new_token(out.text, chunk=out)
                         yield out
-                yield self._final_chunk(call, worker, state)
-                return
-            except BackendError as exc:
+            except BaseException as exc:
+                self._selector.fail(placement, exc)
                 # once output reached the caller, a retry would duplicate it
-                if yielded or not self._should_retry(exc, worker, attempt):
+                if yielded or not self._retry(exc, attempt):
                     raise
+                exclude = self._next_exclude(exclude, placement)
+            else:
+                self._selector.succeed(placement, state.get("usage"))
+                yield self._final_chunk(call, placement, state)
+                return
             time.sleep(_RETRY_BASE * 2**attempt)
             attempt += 1
 
@@ -342,13 +406,13 @@ class ChatSGLang(BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         call = self._prepare(messages, stop, run_manager, kwargs)
-        attempt = 0
+        attempt, exclude = 0, frozenset[str]()
         while True:
-            worker = self._selector.pick(call.session_id, attempt=attempt)
+            placement = await self._selector.abegin(call.routed, exclude, retry=attempt > 0)
             state: dict[str, Any] = {}
             yielded = False
             try:
-                chunks = self._aclient(worker).stream_chat(
+                chunks = self._aclient(placement.worker).stream_chat(
                     call.messages, model=call.model, include_usage=call.include_usage, **call.params
                 )
                 async for raw in chunks:
@@ -358,11 +422,15 @@ class ChatSGLang(BaseChatModel):
                         if run_manager:
                             await run_manager.on_llm_new_token(out.text, chunk=out)
                         yield out
-                yield self._final_chunk(call, worker, state)
-                return
-            except BackendError as exc:
-                if yielded or not self._should_retry(exc, worker, attempt):
+            except BaseException as exc:
+                await self._selector.afail(placement, exc)
+                if yielded or not self._retry(exc, attempt):
                     raise
+                exclude = self._next_exclude(exclude, placement)
+            else:
+                await self._selector.asucceed(placement, state.get("usage"))
+                yield self._final_chunk(call, placement, state)
+                return
             await asyncio.sleep(_RETRY_BASE * 2**attempt)
             attempt += 1
 

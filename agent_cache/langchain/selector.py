@@ -1,44 +1,101 @@
-"""The seam where routing plugs in: session -> worker URL, and feedback.
+"""ChatSGLang's one seam to templates and routing.
 
-Placeholder until the router lands: one worker, or a stable hash of the
-session id over the ``workers`` list (so every call of a session goes to the
-same worker). The router replaces ``pick``/``report`` with its own
-placement, pinning and load feedback; nothing else in this package changes.
+Per call: normalise the prompt (:class:`agent_cache.templates.Templater`),
+ask the :class:`agent_cache.routing.Router` for the session's worker, and
+after the call feed back usage (hit statistics, pin health) or the failure
+(passive health, next attempt elsewhere). The chat model itself only speaks
+HTTP through the backend clients.
 """
 
 from __future__ import annotations
 
-import hashlib
-import threading
-from dataclasses import dataclass, field
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from agent_cache.backends.protocol import Usage
+from agent_cache.errors import BackendError, NoHealthyWorkerError
+from agent_cache.routing.router import Placement, RouteRequest, Router
+from agent_cache.templates import Templater
 
 
-@dataclass
-class WorkerStats:
-    calls: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    errors: int = 0
+@dataclass(frozen=True)
+class RoutedPrompt:
+    """What goes to the worker, and the routing request for it."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    request: RouteRequest
+    extra_key: str | None
 
 
-@dataclass
 class _WorkerSelector:
-    workers: Sequence[str]
-    stats: dict[str, WorkerStats] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    def __init__(self, router: Router, templater: Templater, *, tenant: str, pool: str | None) -> None:
+        self.router = router
+        self.templater = templater
+        self.tenant = tenant
+        self.pool = pool
 
-    def pick(self, session_id: str, *, attempt: int = 0) -> str:
-        """Worker for this session; ``attempt`` > 0 after a retryable failure."""
-        # A retry stays on the same worker: moving a session loses its cache,
-        # and failover is the router's job once it lands.
-        digest = hashlib.blake2b(session_id.encode(), digest_size=8).digest()
-        return self.workers[int.from_bytes(digest, "big") % len(self.workers)]
+    @property
+    def workers(self) -> list[str]:
+        return [w.url for w in self.router.workers]
 
-    def report(self, worker: str, *, prompt_tokens: int = 0, cached_tokens: int = 0, error: bool = False) -> None:
-        with self._lock:
-            s = self.stats.setdefault(worker, WorkerStats())
-            s.calls += 1
-            s.errors += int(error)
-            s.prompt_tokens += prompt_tokens
-            s.cached_tokens += cached_tokens
+    def prepare(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        session_id: str,
+        variables: Mapping[str, str] | None = None,
+    ) -> RoutedPrompt:
+        prompt = self.templater.normalize(messages, tools, session_id=session_id, variables=variables)
+        request = RouteRequest(
+            session_id=session_id,
+            template_id=prompt.template_id,
+            tenant=self.tenant,
+            pool=self.pool,
+            prompt_tokens_estimate=prompt.template_tokens,
+        )
+        return RoutedPrompt(prompt.messages, prompt.tools, request, self.router.extra_key_for(self.tenant))
+
+    @staticmethod
+    def next_exclude(exclude: frozenset[str], failed: str, workers: Sequence[str]) -> frozenset[str]:
+        """Workers to avoid on the next attempt: the failed ones, until none is left to try."""
+        exclude = exclude | {failed}
+        return frozenset() if exclude >= set(workers) else exclude
+
+    def begin(self, prompt: RoutedPrompt, exclude: frozenset[str], *, retry: bool = False) -> Placement:
+        try:
+            return self.router.route(prompt.request, exclude=exclude)
+        except NoHealthyWorkerError:
+            if not retry:
+                raise
+            return self.router.last_resort(prompt.request, exclude=exclude)
+
+    async def abegin(self, prompt: RoutedPrompt, exclude: frozenset[str], *, retry: bool = False) -> Placement:
+        try:
+            return await self.router.aroute(prompt.request, exclude=exclude)
+        except NoHealthyWorkerError:
+            if not retry:
+                raise
+            return self.router.last_resort(prompt.request, exclude=exclude)
+
+    def succeed(self, placement: Placement, usage: Usage | None) -> None:
+        self.router.done(placement)
+        self.router.succeeded(placement)
+        if usage is not None:
+            self.router.report(placement, prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens or 0)
+
+    async def asucceed(self, placement: Placement, usage: Usage | None) -> None:
+        await self.router.adone(placement)
+        self.router.succeeded(placement)
+        if usage is not None:
+            await self.router.areport(placement, prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens or 0)
+
+    def fail(self, placement: Placement, exc: BaseException) -> None:
+        self.router.done(placement)
+        if isinstance(exc, BackendError) and exc.retryable:
+            self.router.failed(placement, exc)
+
+    async def afail(self, placement: Placement, exc: BaseException) -> None:
+        await self.router.adone(placement)
+        if isinstance(exc, BackendError) and exc.retryable:
+            self.router.failed(placement, exc)

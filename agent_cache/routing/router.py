@@ -36,6 +36,10 @@ T = TypeVar("T")
 DEFAULT_CAPACITY = 200_000  # KV tokens assumed until /server_info answers
 
 
+# outcomes decided without the store: nothing to release or report there
+_STORELESS = ("degraded", "last_resort")
+
+
 @dataclass(frozen=True)
 class RouteRequest:
     session_id: str
@@ -218,10 +222,24 @@ class Router:
                 return self._from_result(request, query, result)
         return self._degraded(request, query)
 
+    def last_resort(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = frozenset()) -> Placement:
+        """A worker of the pool even though none is healthy: for a caller that retries with backoff.
+
+        Breakers open on evidence that may be stale (a worker restarting);
+        the caller's own retry is then the trial call. Not recorded in the store.
+        """
+        pool = self.pool_for(request)
+        urls = [w.url for w in self._workers if w.pool == pool]
+        worker = rendezvous_pick(request.session_id, [u for u in urls if u not in exclude] or urls)
+        if worker is None:
+            raise NoHealthyWorkerError(f"pool {pool!r} has no workers")
+        query = self._query(request, set(exclude))
+        return self._placed(request, query, worker, "last_resort", 0)
+
     def done(self, placement: Placement) -> None:
         """The call finished (either way): release its in-flight count."""
         self.metrics.inflight.labels(placement.worker).dec()
-        if placement.outcome == "degraded" or self.availability.degraded:
+        if placement.outcome in _STORELESS or self.availability.degraded:
             return
         try:
             self.store.release(placement.worker, self._clock())
@@ -233,7 +251,7 @@ class Router:
         tid = placement.template_id or ""
         self.metrics.prompt_tokens.labels(tid, placement.worker).inc(prompt_tokens)
         self.metrics.cached_tokens.labels(tid, placement.worker).inc(cached_tokens)
-        if placement.outcome == "degraded" or self.availability.degraded:
+        if placement.outcome in _STORELESS or self.availability.degraded:
             return
         try:
             self.store.report(
@@ -250,12 +268,18 @@ class Router:
         else:
             logger.warning("metadata store error ignored: %s", exc)
 
-    def _call_failed(self, placement: Placement, exc: BackendError) -> None:
+    def failed(self, placement: Placement, exc: BackendError) -> None:
+        """Passive health: a real call on ``placement.worker`` failed with a retryable error."""
         # A refused connection is proof enough; other errors must repeat to open the breaker.
         if self.health.failure(placement.worker, hard=isinstance(exc, WorkerConnectionError)):
             logger.warning("worker %s marked unhealthy: %s", placement.worker, exc)
             self.metrics.healthy.labels(placement.worker).set(0)
         self.metrics.failovers.labels(placement.worker).inc()
+
+    def succeeded(self, placement: Placement) -> None:
+        """Passive health: a real call on ``placement.worker`` succeeded."""
+        if self.health.success(placement.worker):
+            self.metrics.healthy.labels(placement.worker).set(1)
 
     def execute(self, request: RouteRequest, call: Callable[[str], T]) -> tuple[T, Placement]:
         """Run ``call(worker_url)`` on the session's worker; on a retryable BackendError move and retry."""
@@ -274,7 +298,7 @@ class Router:
                 self.done(placement)
                 if not exc.retryable:
                     raise
-                self._call_failed(placement, exc)
+                self.failed(placement, exc)
                 exclude.add(placement.worker)
                 last = exc
                 continue
@@ -282,8 +306,7 @@ class Router:
                 self.done(placement)
                 raise
             self.done(placement)
-            if self.health.success(placement.worker):
-                self.metrics.healthy.labels(placement.worker).set(1)
+            self.succeeded(placement)
             return result, placement
         assert last is not None
         raise last
@@ -309,7 +332,7 @@ class Router:
 
     async def adone(self, placement: Placement) -> None:
         self.metrics.inflight.labels(placement.worker).dec()
-        if placement.outcome == "degraded" or self.availability.degraded:
+        if placement.outcome in _STORELESS or self.availability.degraded:
             return
         try:
             await self.store.arelease(placement.worker, self._clock())  # type: ignore[attr-defined]
@@ -320,7 +343,7 @@ class Router:
         tid = placement.template_id or ""
         self.metrics.prompt_tokens.labels(tid, placement.worker).inc(prompt_tokens)
         self.metrics.cached_tokens.labels(tid, placement.worker).inc(cached_tokens)
-        if placement.outcome == "degraded" or self.availability.degraded:
+        if placement.outcome in _STORELESS or self.availability.degraded:
             return
         try:
             await self.store.areport(  # type: ignore[attr-defined]
@@ -347,7 +370,7 @@ class Router:
                 await self.adone(placement)
                 if not exc.retryable:
                     raise
-                self._call_failed(placement, exc)
+                self.failed(placement, exc)
                 exclude.add(placement.worker)
                 last = exc
                 continue
@@ -355,8 +378,7 @@ class Router:
                 await self.adone(placement)
                 raise
             await self.adone(placement)
-            if self.health.success(placement.worker):
-                self.metrics.healthy.labels(placement.worker).set(1)
+            self.succeeded(placement)
             return result, placement
         assert last is not None
         raise last

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from agent_cache.errors import StoreError
 from agent_cache.templates.templater import NormalizedPrompt
+
+logger = logging.getLogger("agent_cache.templates")
 
 
 @runtime_checkable
@@ -40,7 +44,11 @@ class TemplateRegistry:
         if key in self._seen:  # one store write per (template, session), not per call
             self._seen.move_to_end(key)
             return
-        self.store.record_template(tenant, prompt.template_id, prompt.template_tokens, session_id, self._clock())
+        try:
+            self.store.record_template(tenant, prompt.template_id, prompt.template_tokens, session_id, self._clock())
+        except StoreError as exc:  # bookkeeping only: a store outage must not fail the call
+            logger.warning("template %s not recorded: %s", prompt.template_id, exc)
+            return
         self._seen[key] = None
         while len(self._seen) > self._dedupe:
             self._seen.popitem(last=False)

@@ -35,9 +35,12 @@ def test_usage_and_metadata(lc_fleet):
         assert u["total_tokens"] == u["input_tokens"] + u["output_tokens"] > 0
         meta = msg.response_metadata
         assert meta["worker"] == lc_fleet.urls[0] and meta["model_name"] == "sim"
-        assert meta["finish_reason"] == "stop" and meta["template_id"] is None
+        assert meta["finish_reason"] == "stop" and meta["template_id"].startswith("t_")
+        assert meta["routing"] in ("placed_least_load", "pinned")
         assert meta["cached_tokens"] == u["input_token_details"]["cache_read"]
     assert second.usage_metadata["input_token_details"]["cache_read"] > 0
+    assert first.response_metadata["template_id"] == second.response_metadata["template_id"]
+    assert [first.response_metadata["routing"], second.response_metadata["routing"]] == ["placed_least_load", "pinned"]
 
 
 def test_stream_usage_once_on_last_chunk(lc_fleet):

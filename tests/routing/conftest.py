@@ -1,38 +1,18 @@
-"""Routing fixtures: a private redis-server (shared helper with tests/store) and simulated workers."""
+"""Routing fixtures: a private redis-server per test and simulated workers."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import uuid
-
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "_store_conftest", pathlib.Path(__file__).parent.parent / "store" / "conftest.py"
-)
-_store_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_store_conftest)
-RedisServer = _store_conftest.RedisServer
-
 
 @pytest.fixture
-def redis_server():
+def redis_server(redis_server_factory):
     """A fresh redis-server per test: these tests kill and freeze it."""
-    import shutil
-
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server binary not found")
-    server = RedisServer()
-    server.start()
+    server = redis_server_factory()
     yield server
-    server.resume() if server.proc is not None else None
+    if server.proc is not None:
+        server.resume()
     server.stop()
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"t-{uuid.uuid4().hex[:10]}"
 
 
 class Clients:

@@ -1,88 +1,10 @@
-"""Store fixtures: a private redis-server per test module (so tests may kill it)."""
+"""Store fixtures: one private redis-server for the store tests."""
 
 from __future__ import annotations
 
-import shutil
-import signal
-import socket
-import subprocess
-import tempfile
-import time
-import uuid
-
 import pytest
-import redis
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    """A redis-server subprocess on a fixed port that can be killed and restarted."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="redis-test-")  # a SAVEd snapshot here is loaded on restart
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1",
-             "--dir", self.dir],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=self.port, socket_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
-        client.close()
-
-    def pause(self) -> None:
-        """Freeze the server: connections hang (the worst case for client timeouts)."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-
-    def save(self) -> None:
-        client = redis.Redis(port=self.port)
-        client.save()
-        client.close()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
 
 
 @pytest.fixture(scope="session")
-def redis_server():
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server binary not found")
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def prefix() -> str:
-    """A fresh key prefix per test: tests share one server without seeing each other."""
-    return f"t-{uuid.uuid4().hex[:10]}"
+def redis_server(redis_server_factory):
+    return redis_server_factory()
