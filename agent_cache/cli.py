@@ -97,12 +97,39 @@ def _explain(rest: list[str]) -> int:
     return main_explain(rest)
 
 
+def _stats(args: argparse.Namespace) -> int:
+    import json
+
+    from agent_cache.errors import StoreError
+    from agent_cache.store import RedisStore, format_stats, stats_snapshot
+
+    store = RedisStore(args.redis, prefix=args.prefix)
+    try:
+        snapshot = stats_snapshot(store)
+    except StoreError as exc:
+        print(f"agent-cache stats: cannot read the store at {args.redis}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    print(json.dumps(snapshot, indent=2, default=str) if args.json else format_stats(snapshot))
+    return 0
+
+
+def _add_stats(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stats", help="the live picture from the metadata store: workers, sessions, templates, hit rates")
+    p.add_argument("--redis", required=True, metavar="URL", help="redis://host:6379/0 (as given to ChatSGLang)")
+    p.add_argument("--prefix", default="agent-cache", help="key prefix of the deployment (default agent-cache)")
+    p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    p.set_defaults(func=_stats)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent-cache", description="Prefix-cache-aware middleware for LLM agents on SGLang")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
     _add_explain(sub)
     _add_sim_worker(sub)
+    _add_stats(sub)
     return parser
 
 
