@@ -75,11 +75,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="start simulated workers and run agent sessions against them")
+    p = sub.add_parser("demo", help="ReAct agents through agent-cache and through round-robin, side by side")
     p.add_argument("--workers", nargs="+", metavar="URL", help="real SGLang worker URLs (default: a simulated fleet)")
-    p.add_argument("--sessions", type=_positive(int), default=8)
-    p.add_argument("--steps", type=_positive(int), default=5)
-    p.add_argument("--fleet-size", type=_positive(int), default=4)
+    p.add_argument("--redis", metavar="URL", help="keep routing metadata in this Redis (default: in-process)")
+    p.add_argument("--sessions", type=_positive(int), default=16, help="ReAct sessions per run (default 16)")
+    p.add_argument("--concurrency", type=_positive(int), default=4, help="sessions running at once (default 4)")
+    p.add_argument("--quick", action="store_true", help="a short run (6 sessions)")
+    p.add_argument("--fleet-size", type=_positive(int), default=4, help="simulated workers (default 4)")
+    p.add_argument("--time-scale", type=_non_negative, default=1.0,
+                   help="simulated latency: 1 = the latency model in real time, 0 = instant (default 1)")
     p.add_argument("--model", default=None, help="model name sent to the workers")
     p.set_defaults(func=_demo)
 
