@@ -91,6 +91,10 @@ class RedisServer:
             self.proc.wait()
             self.proc = None
 
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
 
 @pytest.fixture(scope="session")
 def redis_server_factory() -> Iterator[Callable[[], RedisServer]]:
@@ -109,7 +113,7 @@ def redis_server_factory() -> Iterator[Callable[[], RedisServer]]:
     for server in started:
         if server.proc is not None:
             server.resume()
-        server.stop()
+        server.cleanup()
 
 
 @pytest.fixture

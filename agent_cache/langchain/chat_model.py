@@ -226,6 +226,21 @@ class ChatSGLang(BaseChatModel):
             per_loop[worker] = AsyncSGLangClient(worker, timeout=self.timeout, api_key=self._key())
         return per_loop[worker]
 
+    def close(self) -> None:
+        """Close the HTTP clients of this model (and its router, unless one was passed in)."""
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+        if self.router is None:
+            self._selector.router.close()
+
+    async def aclose(self) -> None:
+        """Close the async clients of the running loop, then as :meth:`close`."""
+        per_loop = self._aclients.pop(asyncio.get_running_loop(), {})
+        for client in per_loop.values():
+            await client.aclose()
+        self.close()
+
     # --- request building -------------------------------------------------------
 
     def _prepare(

@@ -103,3 +103,12 @@ def test_session_id_never_sent_and_extra_body_passes(lc_fleet):
     # an unknown body field would be refused by the client, so session_id must be stripped
     model = ChatSGLang(model="sim", workers=lc_fleet.urls, extra_body={"sim_output": "scripted"})
     assert model.invoke("x", session_id="s").content == "scripted"
+
+
+async def test_close_releases_clients(lc_fleet):
+    model = ChatSGLang(model="sim", workers=lc_fleet.urls)
+    await model.ainvoke("hello", session_id="closing")
+    model.invoke("hello", session_id="closing")
+    assert model._clients and model._aclients
+    await model.aclose()
+    assert not model._clients and not model._aclients
