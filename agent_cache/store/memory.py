@@ -7,6 +7,8 @@ than hopping to a thread (holding it for microseconds does not stall a loop).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import threading
 from typing import Any
 
@@ -26,7 +28,8 @@ class _Worker:
     def __init__(self) -> None:
         self.inflight = 0
         self.kv_tokens = 0
-        self.sessions: dict[tuple[str, str], int] = {}  # session -> last seen (ms)
+        # session -> last seen (ms), oldest first: expiry pops from the front
+        self.sessions: OrderedDict[tuple[str, str], int] = OrderedDict()
         self.held: dict[tuple[str, str], int] = {}  # session -> estimated KV tokens
         self.state = "up"
         self.capacity = 0
@@ -62,14 +65,17 @@ class MemoryStore:
         return w
 
     def _purge(self, w: _Worker, now_ms: int) -> None:
+        # O(expired), not O(sessions): entries are kept in last-seen order
         cutoff = now_ms - to_ms(self.session_ttl)
-        for key, seen in list(w.sessions.items()):
-            if seen < cutoff:
-                del w.sessions[key]
-                w.kv_tokens -= w.held.pop(key, 0)
-                rec = self._sessions.get(key)
-                if rec is not None and rec["last_seen"] < cutoff:
-                    del self._sessions[key]
+        while w.sessions:
+            key, seen = next(iter(w.sessions.items()))
+            if seen >= cutoff:
+                break
+            del w.sessions[key]
+            w.kv_tokens -= w.held.pop(key, 0)
+            rec = self._sessions.get(key)
+            if rec is not None and rec["last_seen"] < cutoff:
+                del self._sessions[key]
 
     def _detach(self, key: tuple[str, str], url: str) -> int:
         """Drop a session from a worker's accounting; returns the KV tokens it held there."""
@@ -144,6 +150,7 @@ class MemoryStore:
         rec["last_seen"] = now_ms
         rec["steps"] += 1
         w.sessions[key] = now_ms
+        w.sessions.move_to_end(key)
         w.inflight += 1
         if query.template_id:
             self._templates.setdefault((query.tenant, query.template_id), {})[url] = now_ms
@@ -180,6 +187,7 @@ class MemoryStore:
                 w.held[(tenant, session_id)] = prompt_tokens
                 rec["last_seen"] = now_ms
                 w.sessions[(tenant, session_id)] = now_ms
+                w.sessions.move_to_end((tenant, session_id))
             if template_id:
                 st = self._template_stats.setdefault((tenant, template_id), [0, 0])
                 st[0] += prompt_tokens

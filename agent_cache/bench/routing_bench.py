@@ -1,0 +1,124 @@
+"""Routing decision cost: latency added per call, and decisions per second.
+
+Measures ``Router.route`` + ``Router.done`` (what every model call pays:
+one store round trip to place or look up the pin, one to release the
+in-flight count) on the Redis store over loopback and on the memory store.
+Workload: sessions of ``--steps`` calls, so most decisions are pinned
+lookups and one in ``--steps`` is a new placement, as in an agent fleet.
+
+    python -m agent_cache.bench.routing_bench --redis redis://127.0.0.1:6379/0
+
+Keys go under a fresh prefix and are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import threading
+import time
+import uuid
+
+from agent_cache.routing.router import RouteRequest, Router
+
+WORKERS = [f"http://10.0.0.{i}:30000" for i in range(1, 9)]  # never contacted: probes are off
+
+
+def _requests(n: int, steps: int, tag: str) -> list[RouteRequest]:
+    return [RouteRequest(session_id=f"{tag}-s{i // steps}", template_id=f"t{i // steps % 4}") for i in range(n)]
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _latency(router: Router, n: int, steps: int) -> list[float]:
+    out = []
+    for request in _requests(n, steps, uuid.uuid4().hex[:6]):
+        t0 = time.perf_counter()
+        placement = router.route(request)
+        router.done(placement)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _threads(router: Router, n: int, steps: int, threads: int) -> float:
+    requests = _requests(n, steps, uuid.uuid4().hex[:6])
+    chunks = [requests[i::threads] for i in range(threads)]
+
+    def run(chunk: list[RouteRequest]) -> None:
+        for request in chunk:
+            router.done(router.route(request))
+
+    workers = [threading.Thread(target=run, args=(c,)) for c in chunks]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return n / (time.perf_counter() - t0)
+
+
+async def _async(router: Router, n: int, steps: int, tasks: int) -> float:
+    requests = _requests(n, steps, uuid.uuid4().hex[:6])
+
+    async def run(chunk: list[RouteRequest]) -> None:
+        for request in chunk:
+            await router.adone(await router.aroute(request))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[run(requests[i::tasks]) for i in range(tasks)])
+    return n / (time.perf_counter() - t0)
+
+
+def _measure(name: str, router: Router, args: argparse.Namespace) -> list[str]:
+    print(f"{name}: warming up...", file=sys.stderr, flush=True)
+    _latency(router, 500, args.steps)
+    lat = _latency(router, args.decisions, args.steps)
+    print(f"{name}: threads...", file=sys.stderr, flush=True)
+    thr = _threads(router, args.decisions, args.steps, args.concurrency)
+    print(f"{name}: asyncio...", file=sys.stderr, flush=True)
+    asy = asyncio.run(_async(router, args.decisions, args.steps, args.concurrency))
+    return [
+        f"| {name} | {statistics.median(lat) * 1e3:.3f} | {_pct(lat, 0.99) * 1e3:.3f} | "
+        f"{1 / statistics.mean(lat):,.0f} | {thr:,.0f} | {asy:,.0f} |"
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--redis", default=None, help="redis://host:port/db (default: memory store only)")
+    parser.add_argument("--decisions", type=int, default=10_000)
+    parser.add_argument("--steps", type=int, default=5, help="calls per session")
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args(argv)
+    rows = ["| store | p50 ms | p99 ms | sequential decisions/s | threads decisions/s | asyncio decisions/s |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    memory = Router(WORKERS, probe_interval=None)
+    rows += _measure("memory", memory, args)
+    memory.close()
+    if args.redis:
+        prefix = f"bench-{uuid.uuid4().hex[:8]}"
+        router = Router(WORKERS, redis_url=args.redis, prefix=prefix, probe_interval=None)
+        try:
+            rows += _measure("redis (loopback)", router, args)
+        finally:
+            import redis
+
+            client = redis.Redis.from_url(args.redis)
+            keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
+            for i in range(0, len(keys), 500):
+                client.delete(*keys[i : i + 500])
+            client.close()
+            router.close()
+    print(f"{args.decisions} decisions per measurement, sessions of {args.steps} calls, "
+          f"{len(WORKERS)} workers, concurrency {args.concurrency}")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
