@@ -122,16 +122,22 @@ def canonical_message(msg: Any, index: int) -> dict:
 
 def _sorted_json(value: Any, field: str) -> Any:
     """Rebuild ``value`` with keys sorted at every level; text canonicalised."""
-    if isinstance(value, Mapping):
+    # Hot path (tool schemas on every call): exact-type checks first, and child
+    # field names are only formatted when an error needs them.
+    kind = type(value)
+    if kind is str:
+        return canonical_text(value)
+    if kind is dict or (kind is not list and isinstance(value, Mapping)):
         out = {}
-        for k in sorted(value, key=lambda k: str(k)):
-            if not isinstance(k, str):
+        for k in sorted(value, key=str):
+            if type(k) is not str:
                 raise TemplateError(field, f"JSON object keys must be strings, got {k!r}")
-            out[k] = _sorted_json(value[k], f"{field}.{k}")
+            child = value[k]
+            out[k] = child if type(child) in _JSON_SCALARS else _sorted_json(child, f"{field}.{k}")
         return out
-    if isinstance(value, (list, tuple)):
+    if kind is list or kind is tuple:
         # List order is meaningful in JSON schema (enum, prefixItems): keep it.
-        return [_sorted_json(v, f"{field}[{i}]") for i, v in enumerate(value)]
+        return [v if type(v) in _JSON_SCALARS else _sorted_json(v, f"{field}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, str):
         return canonical_text(value)
     if value is None or isinstance(value, (bool, int)):
@@ -141,6 +147,10 @@ def _sorted_json(value: Any, field: str) -> Any:
             raise TemplateError(field, "NaN and infinity are not JSON")
         return value
     raise TemplateError(field, f"not JSON-serialisable: {type(value).__name__}")
+
+
+# leaves returned as they are (str needs canonical text; floats need the NaN check)
+_JSON_SCALARS = frozenset({bool, int, type(None)})
 
 
 def canonical_tool(tool: Any, index: int) -> dict:
