@@ -88,6 +88,39 @@ def _measure(name: str, router: Router, args: argparse.Namespace) -> list[str]:
     ]
 
 
+def _evalsha_stats(url: str) -> dict[str, float]:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return dict(client.info("commandstats").get("cmdstat_evalsha", {"calls": 0, "usec": 0}))
+    finally:
+        client.close()
+
+
+def _redis_context(url: str, before: dict[str, float], after: dict[str, float], n: int = 2000) -> list[str]:
+    """Where Redis time goes: a bare PING round trip, and server-side script time per call."""
+    import redis
+
+    calls = after.get("calls", 0) - before.get("calls", 0)
+    usec = after.get("usec", 0) - before.get("usec", 0)
+    client = redis.Redis.from_url(url)
+    try:
+        rtt = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            client.ping()
+            rtt.append(time.perf_counter() - t0)
+    finally:
+        client.close()
+    return [
+        f"redis PING round trip (same client library): p50 {statistics.median(rtt) * 1e3:.3f} ms, "
+        f"p99 {_pct(rtt, 0.99) * 1e3:.3f} ms",
+        f"redis server time per script call during the run (INFO commandstats delta, route and release "
+        f"mixed, any client): {usec / calls if calls else float('nan'):.1f} us over {calls:,} calls",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis", default=None, help="redis://host:port/db (default: memory store only)")
@@ -95,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="calls per session")
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args(argv)
+    notes: list[str] = []
     rows = ["| store | p50 ms | p99 ms | sequential decisions/s | threads decisions/s | asyncio decisions/s |",
             "| --- | --- | --- | --- | --- | --- |"]
     memory = Router(WORKERS, probe_interval=None)
@@ -104,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         prefix = f"bench-{uuid.uuid4().hex[:8]}"
         router = Router(WORKERS, redis_url=args.redis, prefix=prefix, probe_interval=None)
         try:
+            before = _evalsha_stats(args.redis)
             rows += _measure("redis (loopback)", router, args)
+            notes = _redis_context(args.redis, before, _evalsha_stats(args.redis))
         finally:
             import redis
 
@@ -117,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.decisions} decisions per measurement, sessions of {args.steps} calls, "
           f"{len(WORKERS)} workers, concurrency {args.concurrency}")
     print("\n".join(rows))
+    for line in notes:
+        print(line)
     return 0
 
 

@@ -108,6 +108,9 @@ class Router:
         self.default_capacity = default_capacity
         self._capacity: dict[str, int] = dict(capacities or {})
         self._draining: set[str] = set()
+        # in-flight counts placed through the store but not yet released there
+        # (the call ended while the store was unreachable): paid back on recovery
+        self._owed: list[str] = []
         self._lock = threading.Lock()
         self.health = HealthTracker(failure_threshold, cooldown)
         self.availability = StoreAvailability()
@@ -219,6 +222,8 @@ class Router:
                 self.metrics.store_latency.labels("route").observe(time.perf_counter() - t0)
                 self.availability.succeeded()
                 self.metrics.degraded.set(0)
+                if self._owed:
+                    self._pay_owed()
                 return self._from_result(request, query, result)
         return self._degraded(request, query)
 
@@ -239,12 +244,35 @@ class Router:
     def done(self, placement: Placement) -> None:
         """The call finished (either way): release its in-flight count."""
         self.metrics.inflight.labels(placement.worker).dec()
-        if placement.outcome in _STORELESS or self.availability.degraded:
+        if placement.outcome in _STORELESS:
+            return
+        if self.availability.degraded:
+            self._owe(placement.worker)
             return
         try:
             self.store.release(placement.worker, self._clock())
         except StoreError as exc:
+            self._owe(placement.worker)
             self._store_failed(exc)
+
+    def _owe(self, worker: str) -> None:
+        with self._lock:
+            self._owed.append(worker)
+
+    def _take_owed(self) -> list[str]:
+        with self._lock:
+            owed, self._owed = self._owed, []
+        return owed
+
+    def _pay_owed(self) -> None:
+        owed = self._take_owed()
+        for i, worker in enumerate(owed):
+            try:
+                self.store.release(worker, self._clock())
+            except StoreError:
+                for w in owed[i:]:
+                    self._owe(w)
+                return
 
     def report(self, placement: Placement, *, prompt_tokens: int, cached_tokens: int) -> None:
         """Usage of a successful call: feeds hit statistics and the overload-move signal."""
@@ -327,17 +355,33 @@ class Router:
                 self.metrics.store_latency.labels("route").observe(time.perf_counter() - t0)
                 self.availability.succeeded()
                 self.metrics.degraded.set(0)
+                if self._owed:
+                    await self._apay_owed()
                 return self._from_result(request, query, result)
         return self._degraded(request, query)
 
     async def adone(self, placement: Placement) -> None:
         self.metrics.inflight.labels(placement.worker).dec()
-        if placement.outcome in _STORELESS or self.availability.degraded:
+        if placement.outcome in _STORELESS:
+            return
+        if self.availability.degraded:
+            self._owe(placement.worker)
             return
         try:
             await self.store.arelease(placement.worker, self._clock())  # type: ignore[attr-defined]
         except StoreError as exc:
+            self._owe(placement.worker)
             self._store_failed(exc)
+
+    async def _apay_owed(self) -> None:
+        owed = self._take_owed()
+        for i, worker in enumerate(owed):
+            try:
+                await self.store.arelease(worker, self._clock())  # type: ignore[attr-defined]
+            except StoreError:
+                for w in owed[i:]:
+                    self._owe(w)
+                return
 
     async def areport(self, placement: Placement, *, prompt_tokens: int, cached_tokens: int) -> None:
         tid = placement.template_id or ""

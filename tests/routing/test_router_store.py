@@ -153,3 +153,25 @@ def test_stats_snapshot_and_format(redis_server, prefix):
     val = router.metrics.registry.get_sample_value("agent_cache_routing_decisions_total", {"outcome": "pinned"})
     assert val == 1.0
     router.close()
+
+
+def test_inflight_released_after_an_outage_that_began_mid_call(redis_server, prefix):
+    """A call placed through the store that ends while Redis is down is released on recovery."""
+    from agent_cache.routing.router import RouteRequest, Router
+
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    router = Router(urls, redis_url=redis_server.url, prefix=prefix, probe_interval=None)
+    placement = router.route(RouteRequest("long-call"))
+    assert placement.outcome == "placed_least_load"
+    redis_server.save()
+    redis_server.stop()
+    degraded = router.route(RouteRequest("other"))  # the router notices the outage
+    assert degraded.outcome == "degraded"
+    router.done(placement)  # the long call ends during the outage
+    router.done(degraded)
+    redis_server.start()
+    router.availability.succeeded()  # skip the reconnect backoff
+    router.done(router.route(RouteRequest("after")))
+    workers = router.store.stats(time.time())["workers"]
+    assert all(w["inflight"] == 0 for w in workers.values()), workers
+    router.close()
