@@ -1,0 +1,202 @@
+"""Metrics, results.json / results.md, and plots of a fleet-simulation run."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Mapping, Sequence
+
+from agent_cache.bench.fleetsim import RunResult
+from agent_cache.sim.latency import ModelConfig
+
+# Columns of results.md: (key, header, format)
+_COLUMNS = (
+    ("token_hit_rate", "hit rate", "{:.1%}"),
+    ("oracle_fraction", "of oracle", "{:.1%}"),
+    ("ttft_p50_s", "TTFT p50 (ms)", "ms"),
+    ("ttft_p95_s", "p95 (ms)", "ms"),
+    ("ttft_p99_s", "p99 (ms)", "ms"),
+    ("mean_session_latency_s", "session (s)", "{:.2f}"),
+    ("throughput_sessions_per_s", "sessions/s", "{:.2f}"),
+    ("prompt_tokens_per_s", "prompt tok/s", "{:,.0f}"),
+    ("kv_gb", "peak KV (GB)", "{:.1f}"),
+    ("load_imbalance", "imbalance", "{:.2f}"),
+    ("moves", "moves", "{:d}"),
+)
+
+
+def _pct(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    i = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
+    return sorted_values[i]
+
+
+def metrics(res: RunResult, oracle_hit_rate: float | None, model: ModelConfig = ModelConfig()) -> dict[str, Any]:
+    """The documented per-policy metrics of one run."""
+    hit = res.cached_tokens / res.prompt_tokens if res.prompt_tokens else 0.0
+    ttft = sorted(res.ttfts)
+    span = max(res.last_done - res.first_arrival, 1e-9)
+    lat = res.session_latencies
+    return {
+        "token_hit_rate": hit,
+        # None when the run has no oracle (the seed preset)
+        "oracle_fraction": (hit / oracle_hit_rate if oracle_hit_rate else 0.0) if oracle_hit_rate is not None else None,
+        "ttft_p50_s": _pct(ttft, 0.50),
+        "ttft_p95_s": _pct(ttft, 0.95),
+        "ttft_p99_s": _pct(ttft, 0.99),
+        "mean_session_latency_s": sum(lat) / len(lat) if lat else 0.0,
+        "throughput_sessions_per_s": res.sessions_done / span,
+        "prompt_tokens_per_s": res.prompt_tokens / span,
+        "output_tokens_per_s": res.output_tokens / span,
+        "kv_gb": model.kv_gb(res.peak_kv_tokens),
+        "load_imbalance": res.imbalance_sum / res.imbalance_samples if res.imbalance_samples else 0.0,
+        "moves": int(res.moves),
+        "sessions": res.sessions,
+        "sessions_completed": res.sessions_done,
+        "calls": res.calls,
+        "prompt_tokens": res.prompt_tokens,
+        "cached_tokens": res.cached_tokens,
+        "sim_wall_s": res.wall_s,
+    }
+
+
+def all_metrics(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
+    oracle = next((r for r in results if r.policy == "oracle"), None)
+    ohit = (oracle.cached_tokens / oracle.prompt_tokens) if oracle is not None and oracle.prompt_tokens else None
+    return {r.policy: metrics(r, ohit) for r in results}
+
+
+def markdown_table(policies: Mapping[str, Mapping[str, Any]]) -> str:
+    head = "| policy | " + " | ".join(h for _, h, _ in _COLUMNS) + " |"
+    sep = "| --- |" + " ---: |" * len(_COLUMNS)
+    rows = [head, sep]
+    for name, m in policies.items():
+        cells = []
+        for key, _, fmt in _COLUMNS:
+            v = m.get(key, 0)
+            if v is None:
+                cells.append("n/a")
+                continue
+            cells.append(f"{v * 1000:.1f}" if fmt == "ms" else fmt.format(v))
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def results_markdown(doc: Mapping[str, Any]) -> str:
+    cfg = doc["config"]
+    lines = ["# Fleet simulation results", "",
+             "All figures come from the virtual-clock fleet simulator (latency model of "
+             "`agent_cache.sim.latency`), not from GPUs.", "",
+             "Config: " + ", ".join(f"{k}={v}" for k, v in cfg.items() if not isinstance(v, (dict, list))), "",
+             markdown_table(doc["policies"])]
+    for title, key in (("KV capacity sweep (token hit rate)", "capacity_sweep"),
+                       ("Offered load sweep (sessions/s completed)", "load_sweep")):
+        sweep = doc.get(key)
+        if sweep:
+            lines += [f"## {title}", "", _sweep_table(sweep), ""]
+    return "\n".join(lines)
+
+
+def _sweep_table(sweep: Mapping[str, Any]) -> str:
+    xs = sweep["x"]
+    rows = [f"| policy | " + " | ".join(f"{sweep['x_label']}={x:g}" for x in xs) + " |",
+            "| --- |" + " ---: |" * len(xs)]
+    for name, ys in sweep["y"].items():
+        rows.append(f"| {name} | " + " | ".join(f"{y:.3f}" for y in ys) + " |")
+    return "\n".join(rows)
+
+
+def write_atomic(path: str, data: str | bytes) -> None:
+    """Write via a temp file in the same directory and rename, so readers never see half a file."""
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_results(out_dir: str, doc: Mapping[str, Any]) -> list[str]:
+    paths = [os.path.join(out_dir, "results.json"), os.path.join(out_dir, "results.md")]
+    write_atomic(paths[0], json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    write_atomic(paths[1], results_markdown(doc))
+    return paths
+
+
+# --- plots -------------------------------------------------------------------
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: str) -> None:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    write_atomic(path, buf.getvalue())
+
+
+def write_plots(out_dir: str, ttfts: Mapping[str, Sequence[float]], doc: Mapping[str, Any]) -> list[str]:
+    """PNG plots; returns their paths, or [] with a message when matplotlib is missing."""
+    try:
+        plt = _pyplot()
+    except ImportError:
+        import sys
+
+        print("[bench] matplotlib is not installed: plots skipped (pip install matplotlib)", file=sys.stderr)
+        return []
+    paths = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, values in ttfts.items():
+        v = sorted(values)
+        if v:
+            ax.plot([x * 1000 for x in v], [(i + 1) / len(v) for i in range(len(v))], label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (ms, log scale)")
+    ax.set_ylabel("fraction of calls")
+    ax.set_title("TTFT CDF per policy (simulated)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    p = os.path.join(out_dir, "ttft_cdf.png")
+    _save(fig, p)
+    plt.close(fig)
+    paths.append(p)
+    for key, fname, xlabel, ylabel, title, logx in (
+            ("capacity_sweep", "hit_rate_vs_capacity.png", "KV capacity per worker (tokens)", "token hit rate",
+             "Hit rate vs KV capacity (simulated)", True),
+            ("load_sweep", "throughput_vs_load.png", "offered load (sessions/s)", "completed sessions/s",
+             "Throughput vs offered load (simulated)", False)):
+        sweep = doc.get(key)
+        if not sweep:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for name, ys in sweep["y"].items():
+            ax.plot(sweep["x"], ys, marker="o", label=name)
+        if logx:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        p = os.path.join(out_dir, fname)
+        _save(fig, p)
+        plt.close(fig)
+        paths.append(p)
+    return paths

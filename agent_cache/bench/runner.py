@@ -1,0 +1,201 @@
+"""``agent-cache bench``: compare routing policies on a simulated SGLang fleet.
+
+Presets:
+
+* ``quick``: 8 workers, 300 ReAct sessions, every policy, small sweeps
+  (under 2 minutes on 2 cores);
+* ``full``: 16 workers, 3,000 ReAct sessions, larger sweeps;
+* ``seed``: no prefix caching vs agent-cache on a ReAct workload at a load
+  that saturates the no-cache fleet: sessions/s, mean session latency, KV.
+
+``python -m agent_cache.bench.runner --preset quick --out bench-out`` works
+as well as ``agent-cache bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from agent_cache.bench import report
+from agent_cache.bench.fleetsim import FleetConfig, RunResult, simulate, stderr_progress
+from agent_cache.bench.policies import POLICIES, make_policies
+from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate, load_trace
+from agent_cache.errors import AgentCacheError, ConfigError
+
+ALL_POLICIES = tuple(POLICIES)
+_SWEEP_POLICIES = ("round-robin", "least-load", "consistent-hash", "agent-cache", "agent-cache-no-templates",
+                   "oracle", "no-cache")
+
+
+@dataclass(frozen=True)
+class Preset:
+    workers: int
+    sessions: int
+    rate: float
+    policies: tuple[str, ...] = ALL_POLICIES
+    kind: str = "react"
+    capacity_tokens: int = 400_000
+    capacity_sweep: tuple[int, ...] = ()
+    load_sweep: tuple[float, ...] = ()
+    sweep_sessions: int = 0
+
+
+PRESETS = {
+    "quick": Preset(workers=8, sessions=300, rate=8.0, capacity_sweep=(8_000, 32_000, 128_000),
+                    load_sweep=(4.0, 16.0, 64.0), sweep_sessions=150),
+    "full": Preset(workers=16, sessions=3_000, rate=16.0, capacity_sweep=(8_000, 32_000, 128_000, 400_000),
+                   load_sweep=(8.0, 32.0, 64.0, 128.0), sweep_sessions=600),
+    "seed": Preset(workers=8, sessions=1_000, rate=30.0, policies=("no-cache", "agent-cache")),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agent-cache bench",
+                                description="Compare routing policies on a simulated SGLang fleet (virtual clock).")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="quick")
+    p.add_argument("--engine", choices=("sim", "real"), default="sim",
+                   help="sim: virtual-clock fleet simulation (real: not built yet)")
+    p.add_argument("--trace", metavar="FILE", help="replay sessions of a JSONL trace instead of generated ones")
+    p.add_argument("--workload", choices=("react", "reflexion"), help="generated workload kind (default: preset's)")
+    p.add_argument("--workers", type=int, help="workers in the fleet")
+    p.add_argument("--replicas", type=int, default=1, help="router replicas (policies with local state)")
+    p.add_argument("--sessions", type=int, help="sessions in the main comparison")
+    p.add_argument("--rate", type=float, help="offered load in sessions/s")
+    p.add_argument("--capacity-tokens", type=int, help="KV cache capacity per worker, in tokens")
+    p.add_argument("--page-size", type=int, default=1, help="radix cache page size in tokens")
+    p.add_argument("--arrivals", choices=("poisson", "bursty"), default="poisson")
+    p.add_argument("--policies", help="comma-separated subset of: " + ", ".join(ALL_POLICIES))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench-results", metavar="DIR")
+    p.add_argument("--no-sweeps", action="store_true", help="skip the capacity and offered-load sweeps")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(name, f"must be positive, got {value}")
+
+
+def _check(args: argparse.Namespace) -> None:
+    for flag in ("workers", "replicas", "sessions", "rate", "capacity_tokens", "page_size"):
+        _positive("--" + flag.replace("_", "-"), getattr(args, flag))
+    if args.policies:
+        unknown = [n for n in args.policies.split(",") if n.strip() not in POLICIES]
+        if unknown:
+            raise ConfigError("--policies", f"unknown {', '.join(unknown)}; choose from {', '.join(ALL_POLICIES)}")
+    if args.trace and not os.path.isfile(args.trace):
+        raise ConfigError("--trace", f"no such file: {args.trace}")
+
+
+def _workload(args: argparse.Namespace, preset: Preset, sessions: int, rate: float) -> list[SessionSpec]:
+    if args.trace:
+        return load_trace(args.trace, sessions=sessions, rate=rate,
+                          arrivals=args.arrivals, seed=args.seed)
+    return generate(WorkloadParams(kind=args.workload or preset.kind, sessions=sessions, rate=rate,
+                                   arrivals=args.arrivals, seed=args.seed))
+
+
+def _run_all(sessions: list[SessionSpec], names: Sequence[str], cfg: FleetConfig, seed: int,
+             log: Callable[[str], None], label: str = "", progress: bool = True) -> list[RunResult]:
+    out = []
+    for pol in make_policies(names, cfg.workers, cfg.replicas, seed):
+        tag = f"{label}{pol.name}"
+        res = simulate(sessions, pol, cfg, stderr_progress(tag) if progress else None)
+        log(f"{tag}: {res.sessions_done}/{res.sessions} sessions, {res.calls} calls, {res.wall_s:.1f} s")
+        out.append(res)
+    return out
+
+
+def _hit(res: RunResult) -> float:
+    return res.cached_tokens / res.prompt_tokens if res.prompt_tokens else 0.0
+
+
+def _throughput(res: RunResult) -> float:
+    return res.sessions_done / max(res.last_done - res.first_arrival, 1e-9)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the comparison (and sweeps) of ``args``; write the results; return results.json's content."""
+    preset = PRESETS[args.preset]
+    names = tuple(n.strip() for n in args.policies.split(",")) if args.policies else preset.policies
+    if "oracle" not in names and args.preset != "seed":
+        names = names + ("oracle",)  # oracle_fraction needs it
+    workers = args.workers or preset.workers
+    n_sessions = args.sessions or (100 if args.trace else preset.sessions)
+    rate = args.rate or (2.0 if args.trace else preset.rate)
+    cfg = FleetConfig(workers=workers, capacity_tokens=args.capacity_tokens or preset.capacity_tokens,
+                      page_size=args.page_size, replicas=args.replicas)
+    log: Callable[[str], None] = (lambda m: None) if args.quiet else (
+        lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+    t0 = time.perf_counter()
+    sessions = _workload(args, preset, n_sessions, rate)
+    log(f"workload: {len(sessions)} sessions ({'trace ' + args.trace if args.trace else args.workload or preset.kind})"
+        f", built in {time.perf_counter() - t0:.1f} s")
+    results = _run_all(sessions, names, cfg, args.seed, log, progress=not args.quiet)
+    config = {
+        "preset": args.preset, "engine": "sim", "workload": "trace" if args.trace else (args.workload or preset.kind),
+        "trace": args.trace, "workers": workers, "replicas": args.replicas, "sessions": len(sessions),
+        "rate_sessions_per_s": rate, "arrivals": args.arrivals, "capacity_tokens_per_worker": cfg.capacity_tokens,
+        "page_size": cfg.page_size, "seed": args.seed, "model": cfg.latency.model.name, "gpu": cfg.latency.gpu.name,
+        "max_running_requests": cfg.latency.max_running_requests,
+    }
+    doc: dict[str, Any] = {"config": config, "policies": report.all_metrics(results)}
+    sweep_names = tuple(n for n in _SWEEP_POLICIES if n in names)
+    if not args.no_sweeps and preset.sweep_sessions and sweep_names:
+        small = _workload(args, preset, min(preset.sweep_sessions, n_sessions), rate)
+        ys: dict[str, list[float]] = {n: [] for n in sweep_names}
+        for cap in preset.capacity_sweep:
+            for r in _run_all(small, sweep_names, dataclasses.replace(cfg, capacity_tokens=cap), args.seed, log,
+                              f"capacity={cap} ", progress=False):
+                ys[r.policy].append(_hit(r))
+        doc["capacity_sweep"] = {"x_label": "capacity_tokens", "x": list(preset.capacity_sweep), "y": ys,
+                                 "sessions": len(small), "metric": "token_hit_rate"}
+        ys = {n: [] for n in sweep_names}
+        for load in preset.load_sweep:
+            loaded = _workload(args, preset, min(preset.sweep_sessions, n_sessions), load)
+            for r in _run_all(loaded, sweep_names, cfg, args.seed, log, f"rate={load:g} ", progress=False):
+                ys[r.policy].append(_throughput(r))
+        doc["load_sweep"] = {"x_label": "rate", "x": list(preset.load_sweep), "y": ys,
+                             "sessions": len(small), "metric": "throughput_sessions_per_s"}
+    doc["config"]["wall_s"] = round(time.perf_counter() - t0, 1)
+    paths = report.write_results(args.out, doc)
+    if not args.no_plots:
+        paths += report.write_plots(args.out, {r.policy: r.ttfts for r in results}, doc)
+    log("wrote " + ", ".join(paths))
+    return doc
+
+
+def main_bench(argv: list[str] | None = None) -> int:
+    """Entry point of ``agent-cache bench``; returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as e:  # bad choices (argparse printed which flag) or --help
+        return int(e.code or 0)
+    if args.engine == "real":
+        print("agent-cache bench: not implemented yet: the real-process engine (simulated worker servers, "
+              "Redis, smg) is not built; use --engine sim", file=sys.stderr)
+        return 2
+    try:
+        _check(args)
+        doc = run(args)
+    except ConfigError as e:
+        print(f"agent-cache bench: {e}", file=sys.stderr)
+        return 2
+    except AgentCacheError as e:  # e.g. TraceFormatError
+        print(f"agent-cache bench: {e}", file=sys.stderr)
+        return 1
+    print(report.markdown_table(doc["policies"]), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_bench())

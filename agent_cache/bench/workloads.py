@@ -1,0 +1,380 @@
+"""Agent workloads for the fleet simulation: generated sessions and trace replay.
+
+A workload is a list of :class:`SessionSpec`. Each spec is immutable and can
+be started any number of times (:meth:`SessionSpec.start`); every start
+yields the same calls, so every policy sees the same workload.
+
+Each call carries its prompt in two token forms:
+
+* ``raw``: what a client sends without templates (volatile values such as
+  the date and the user's e-mail at the top of the system prompt);
+* ``tmpl``: what agent-cache sends after ``Templater("templatize")``
+  (volatile values moved to a small system message after the stable part).
+
+Token ids follow the simulated worker's chat template
+(:mod:`agent_cache.sim.chat_template`: each segment encoded on its own, then
+concatenated). For speed with 10^4+ sessions, generated sessions do not
+render text per call: the system prompt is encoded once per template (the
+volatile header once per session), and conversation content (questions,
+observations, outputs) is random token ids drawn from the vocabulary with a
+per-session RNG. Only lengths and sharing matter to a prefix cache.
+
+Shapes follow published agent measurements: ReAct on HotpotQA takes about
+4.7 LLM calls per task with contexts growing to about 3.2k tokens; Reflexion
+runs actor trials (up to 5) with a reflection call between failed trials,
+so a session alternates between two prompt families.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from array import array
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Iterator, Sequence
+
+from agent_cache.errors import ConfigError
+from agent_cache.sim.chat_template import IM_END, IM_START, encode_text, render_ids, tools_text
+from agent_cache.templates import Templater
+
+_VOCAB = list(range(1000, 99_000))  # shared int objects: lists of ids stay 8 bytes a token
+# Observations and outputs are slices of one random pool at random offsets: C-speed copies.
+# Questions come from rng.choices, so each session's prefix stays its own.
+_POOL = random.Random(12345).choices(_VOCAB, k=1 << 20)
+_NL = encode_text("\n")
+_ROLE = {r: encode_text(r + "\n") for r in ("system", "user", "assistant", "tool")}
+GEN_PROMPT: tuple[int, ...] = (IM_START, *_ROLE["assistant"])
+
+_WORDS = ("the", "agent", "search", "answer", "question", "entity", "paragraph", "lookup", "finish", "thought",
+          "action", "observation", "wikipedia", "task", "reason", "step", "context", "retrieve", "compare", "result")
+
+
+def _segment(role: str, ids: Sequence[int]) -> list[int]:
+    return [IM_START, *_ROLE[role], *ids, IM_END, *_NL]
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """One LLM call: prompt in both forms, the output, and the pause before it."""
+
+    raw: list[int]
+    tmpl: list[int]
+    output: list[int]
+    raw_template: str  # template id with templates off (distinct per session when the prompt is volatile)
+    tmpl_template: str  # template id after templatize (shared by the sessions of one agent)
+    think_s: float  # delay after the previous call returned (tool time); 0 for the first call
+
+
+class SessionSpec:
+    """An agent session: id, tenant, arrival time, and a deterministic call generator."""
+
+    session_id: str
+    tenant: str
+    arrival_s: float
+
+    def start(self) -> Iterator[CallSpec]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+# --- generated workloads -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkloadParams:
+    kind: str = "react"  # react | reflexion
+    sessions: int = 300
+    templates: int = 4  # distinct agents (system prompt + tools)
+    tenants: int = 2
+    fewshot_tokens: int = 1200  # few-shot examples in the system prompt
+    tool_schema_tokens: int = 300  # all tool schemas together
+    question_tokens: int = 40
+    observation_tokens: int = 300  # mean tool observation
+    output_tokens: int = 60  # mean thought + action
+    reflection_tokens: int = 120  # mean reflection output (Reflexion)
+    mean_calls: float = 4.7  # ReAct calls per task
+    max_trials: int = 5  # Reflexion
+    trial_success: float = 0.4  # Reflexion: chance a trial solves the task
+    volatile: bool = True  # timestamp and user e-mail at the top of the system prompt
+    rate: float = 8.0  # sessions per second (offered load)
+    arrivals: str = "poisson"  # poisson | bursty
+    burst_size: float = 8.0  # mean sessions per burst (bursty)
+    think_s: float = 0.3  # mean tool time between calls
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.kind not in ("react", "reflexion"):
+            raise ConfigError("workload", f"unknown kind {self.kind!r}; use react or reflexion")
+        if self.arrivals not in ("poisson", "bursty"):
+            raise ConfigError("arrivals", f"unknown arrivals {self.arrivals!r}; use poisson or bursty")
+        for name in ("sessions", "templates", "tenants"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, "must be at least 1")
+        if self.rate <= 0:
+            raise ConfigError("rate", "must be positive")
+
+
+@dataclass(frozen=True)
+class _Family:
+    """One agent prompt family: stable system text and tools, encoded once."""
+
+    name: str
+    tenant: str
+    text: str
+    tools: tuple[dict, ...]
+    body_ids: tuple[int, ...]  # system text after the volatile header, plus the tools block
+
+
+def _filler(rng: random.Random, tokens: int) -> str:
+    # about one token per word
+    return " ".join(rng.choice(_WORDS) for _ in range(max(0, tokens)))
+
+
+def _make_family(name: str, tenant: str, intro: str, fewshot: int, tool_tokens: int, seed: int) -> _Family:
+    rng = random.Random(f"{seed}:{name}")
+    text = f"{intro}\n\nHere are some examples:\n{_filler(rng, fewshot)}"
+    n_tools = 3
+    tools = tuple(
+        {"type": "function", "function": {
+            "name": f"{name}_tool_{i}", "description": _filler(rng, max(1, tool_tokens // n_tools - 20)),
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
+        for i in range(n_tools))
+    body = encode_text("\n\n" + text + "\n\n" + tools_text(tools))
+    return _Family(name, tenant, text, tools, body)
+
+
+@lru_cache(maxsize=4096)
+def _shared_head(template_id: str, first: str, tools_key: str) -> tuple[int, ...]:
+    # Stable part of the templatized prompt, rendered once per template.
+    import json
+
+    tools = json.loads(tools_key) if tools_key else None
+    return tuple(render_ids([{"role": "system", "content": first}], tools, add_generation_prompt=False))
+
+
+class _Heads:
+    """Per-session prompt heads for each family, through the real Templater."""
+
+    def __init__(self) -> None:
+        self._templaters: dict[tuple[str, str], Templater] = {}
+
+    def _templater(self, mode: str, tenant: str) -> Templater:
+        t = self._templaters.get((mode, tenant))
+        if t is None:
+            t = self._templaters[(mode, tenant)] = Templater(mode, tenant=tenant)
+        return t
+
+    def build(self, fam: _Family, header: str) -> tuple[tuple[int, ...], tuple[int, ...], str, str]:
+        import json
+
+        messages = [{"role": "system", "content": header + "\n\n" + fam.text if header else fam.text}]
+        off = self._templater("off", fam.tenant).normalize(messages, list(fam.tools))
+        tm = self._templater("templatize", fam.tenant).normalize(messages, list(fam.tools))
+        # raw: header and body encoded as two pieces (cheap; see module docstring)
+        raw = (IM_START, *_ROLE["system"], *(encode_text(header) if header else ()), *fam.body_ids, IM_END, *_NL)
+        first = tm.messages[0]
+        shared = _shared_head(tm.template_id, first["content"], json.dumps(tm.tools) if tm.tools else "")
+        rest = tuple(render_ids(tm.messages[1:], None, add_generation_prompt=False)) if len(tm.messages) > 1 else ()
+        return raw, shared + rest, off.template_id, tm.template_id
+
+
+@dataclass(frozen=True)
+class _GenSession(SessionSpec):
+    session_id: str
+    tenant: str
+    arrival_s: float
+    kind: str
+    seed: int
+    params: WorkloadParams = field(repr=False)
+    heads: tuple = field(repr=False)  # per family: (raw, tmpl, raw_tid, tmpl_tid)
+
+    def start(self) -> Iterator[CallSpec]:
+        rng = random.Random(self.seed)
+        p = self.params
+        question = rng.choices(_VOCAB, k=p.question_tokens)
+        if self.kind == "react":
+            yield from self._react(rng, p, self.heads[0], question, [], first=True)
+        else:
+            yield from self._reflexion(rng, p, question)
+
+    def _ids(self, rng: random.Random, mean: int) -> list[int]:
+        n = min(max(1, int(rng.expovariate(1.0 / mean))), 4 * mean) if mean > 0 else 0
+        off = rng.randrange(len(_POOL) - n)
+        return _POOL[off:off + n]
+
+    def _react(self, rng: random.Random, p: WorkloadParams, head: tuple, question: list[int],
+               reflections: list[list[int]], first: bool, trajectory: list[int] | None = None) -> Iterator[CallSpec]:
+        raw_head, tmpl_head, raw_tid, tmpl_tid = head
+        user = list(question)
+        for r in reflections:
+            user += r
+        body = _segment("user", user)
+        # calls per task: 1 + Poisson(mean - 1), so the mean is mean_calls
+        n_calls = 1 + _poisson(rng, max(0.0, p.mean_calls - 1))
+        for k in range(min(n_calls, 12)):
+            out = self._ids(rng, p.output_tokens)
+            prompt = body + list(GEN_PROMPT)
+            yield CallSpec(list(raw_head) + prompt, list(tmpl_head) + prompt, out, raw_tid, tmpl_tid,
+                           0.0 if (first and k == 0) else rng.expovariate(1.0 / p.think_s) if p.think_s > 0 else 0.0)
+            obs = self._ids(rng, p.observation_tokens)
+            body += _segment("assistant", out) + _segment("tool", obs)
+            if trajectory is not None:
+                trajectory += out + obs
+
+    def _reflexion(self, rng: random.Random, p: WorkloadParams, question: list[int]) -> Iterator[CallSpec]:
+        reflections: list[list[int]] = []
+        for trial in range(p.max_trials):
+            trajectory: list[int] = []
+            yield from self._react(rng, p, self.heads[0], question, reflections, first=trial == 0, trajectory=trajectory)
+            if trial == p.max_trials - 1 or rng.random() < p.trial_success:
+                return
+            raw_head, tmpl_head, raw_tid, tmpl_tid = self.heads[1]
+            prompt = _segment("user", question + trajectory) + list(GEN_PROMPT)
+            out = self._ids(rng, p.reflection_tokens)
+            yield CallSpec(list(raw_head) + prompt, list(tmpl_head) + prompt, out, raw_tid, tmpl_tid, 0.0)
+            reflections.append(out)
+
+
+def _poisson(rng: random.Random, lam: float) -> int:
+    # Knuth; lam is small (a few calls)
+    limit, k, prod = math.exp(-lam), 0, rng.random()
+    while prod > limit:
+        k += 1
+        prod *= rng.random()
+    return k
+
+
+def arrival_times(n: int, rate: float, kind: str, rng: random.Random, burst_size: float = 8.0) -> list[float]:
+    """Session start times: Poisson at ``rate``, or bursts of about ``burst_size`` at the same mean rate."""
+    out: list[float] = []
+    t = 0.0
+    if kind == "poisson":
+        for _ in range(n):
+            out.append(t)
+            t += rng.expovariate(rate)
+        return out
+    while len(out) < n:
+        size = 1 + _poisson(rng, max(0.0, burst_size - 1))
+        for _ in range(min(size, n - len(out))):
+            out.append(t + rng.uniform(0, 0.5))  # a burst lands within half a second
+        t += rng.expovariate(rate / burst_size)
+    return sorted(out)
+
+
+def generate(params: WorkloadParams) -> list[SessionSpec]:
+    """Sessions of a generated workload, deterministic in ``params.seed``."""
+    params.check()
+    rng = random.Random(params.seed)
+    families: list[list[_Family]] = []
+    for i in range(params.templates):
+        tenant = f"tenant{i % params.tenants}"
+        actor = _make_family(f"agent{i}", tenant, f"You are agent {i}. Solve a question answering task with "
+                             "interleaving Thought, Action, Observation steps.",
+                             params.fewshot_tokens, params.tool_schema_tokens, params.seed)
+        fams = [actor]
+        if params.kind == "reflexion":
+            fams.append(_make_family(f"agent{i}_reflect", tenant, "You are an advanced reasoning agent that can "
+                                     "improve based on self reflection. Diagnose the failed trial and write a plan.",
+                                     params.fewshot_tokens // 2, 0, params.seed))
+        families.append(fams)
+    heads = _Heads()
+    times = arrival_times(params.sessions, params.rate, params.arrivals, rng, params.burst_size)
+    out: list[SessionSpec] = []
+    for n, t in enumerate(times):
+        fams = families[rng.randrange(params.templates)]
+        header = ""
+        if params.volatile:
+            stamp = 1_796_000_000 + int(t) + rng.randrange(86_400)
+            header = (f"Current date and time: {_iso(stamp)}\n"
+                      f"You are assisting user{rng.randrange(10**6):06d}@example.com.")
+        sid = f"s{n:06d}"
+        out.append(_GenSession(sid, fams[0].tenant, t, params.kind, rng.randrange(2**63), params,
+                               tuple(heads.build(f, header) for f in fams)))
+    return out
+
+
+def _iso(ts: int) -> str:
+    import datetime as _dt
+
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- trace replay --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _TraceCall:
+    raw: array
+    tmpl: array | None  # None: the same ids as raw
+    output: array
+    n_out: int
+    raw_template: str
+    tmpl_template: str
+    gap_s: float | None
+
+
+@dataclass(frozen=True)
+class _TraceSession(SessionSpec):
+    session_id: str
+    tenant: str
+    arrival_s: float
+    calls: tuple[_TraceCall, ...] = field(repr=False)
+    think_s: float = 0.3
+    seed: int = 0
+
+    def start(self) -> Iterator[CallSpec]:
+        rng = random.Random(self.seed)
+        for k, c in enumerate(self.calls):
+            out = list(c.output)
+            if len(out) < c.n_out:  # recorded count larger than our tokenizer's: pad, so decode time matches
+                out += [_VOCAB[0]] * (c.n_out - len(out))
+            think = 0.0 if k == 0 else (c.gap_s if c.gap_s is not None else rng.expovariate(1.0 / self.think_s))
+            raw = list(c.raw)
+            yield CallSpec(raw, raw if c.tmpl is None else list(c.tmpl), out, c.raw_template, c.tmpl_template, think)
+
+
+def load_trace(path: str, *, sessions: int | None = None, rate: float = 2.0, think_s: float = 0.3,
+               arrivals: str = "poisson", seed: int = 0) -> list[SessionSpec]:
+    """Sessions of a trace file, closed-loop, with the recorded outputs.
+
+    The first ``sessions`` sessions (file order) are kept. When calls carry
+    ``t``, sessions start at their recorded first ``t`` and call k+1 waits its
+    recorded gap after call k returns; otherwise arrivals are generated.
+    """
+    from agent_cache.bench.trace import iter_trace
+
+    off, tm = Templater("off"), Templater("templatize")
+    by_session: dict[str, list] = {}
+    for call in iter_trace(path):
+        if call.session_id not in by_session:
+            if sessions is not None and len(by_session) >= sessions:
+                continue
+            by_session[call.session_id] = []
+        by_session[call.session_id].append(call)
+    rng = random.Random(seed)
+    times = arrival_times(len(by_session), rate, arrivals, rng)
+    t0 = min((c[0].t for c in by_session.values() if c and c[0].t is not None), default=None)
+    out: list[SessionSpec] = []
+    for i, (sid, calls) in enumerate(by_session.items()):
+        calls.sort(key=lambda c: c.call_index)
+        specs = []
+        for k, c in enumerate(calls):
+            raw = render_ids(c.messages)
+            n_off = off.normalize(c.messages)
+            n_tm = tm.normalize(c.messages)
+            tmpl = render_ids(n_tm.messages, n_tm.tools)
+            out_ids = encode_text(c.output)
+            gap = None
+            if k > 0 and c.t is not None and calls[k - 1].t is not None:
+                gap = max(0.0, c.t - calls[k - 1].t)
+            specs.append(_TraceCall(array("I", raw), None if tmpl == raw else array("I", tmpl), array("I", out_ids),
+                                    c.output_tokens if c.output_tokens is not None else max(1, len(out_ids)),
+                                    f"{c.agent}:{n_off.template_id}", f"{c.agent}:{n_tm.template_id}", gap))
+        start = times[i]
+        if t0 is not None and calls[0].t is not None:
+            start = calls[0].t - t0
+        out.append(_TraceSession(sid, "default", start, tuple(specs), think_s,
+                                 int(hashlib.sha256(f"{seed}:{sid}".encode()).hexdigest()[:12], 16)))
+    out.sort(key=lambda s: s.arrival_s)
+    return out

@@ -1,0 +1,108 @@
+"""Smoke test of ``agent-cache bench``: correctness of a reduced quick preset, never speed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_cache.bench.runner import ALL_POLICIES, main_bench
+from agent_cache.bench.trace import iter_trace
+
+TRACE = Path(__file__).resolve().parents[1] / "data" / "reflexion_hotpotqa.jsonl.gz"
+DOCUMENTED = ("token_hit_rate", "oracle_fraction", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s",
+              "mean_session_latency_s", "throughput_sessions_per_s", "prompt_tokens_per_s", "output_tokens_per_s",
+              "kv_gb", "load_imbalance", "moves")
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("quick")
+    # the quick preset with fewer sessions (the sweeps then use as many): same code path, seconds not minutes
+    assert main_bench(["--preset", "quick", "--sessions", "80", "--replicas", "2", "--out", str(out), "--quiet"]) == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_every_policy_completes_every_session(quick) -> None:
+    _, doc = quick
+    assert set(doc["policies"]) == set(ALL_POLICIES)
+    for name, m in doc["policies"].items():
+        assert m["sessions_completed"] == m["sessions"] == 80, name
+        assert m["calls"] > 80
+
+
+def test_hit_rates_bounded_by_oracle(quick) -> None:
+    _, doc = quick
+    pol = doc["policies"]
+    oracle = pol["oracle"]["token_hit_rate"]
+    for name, m in pol.items():
+        assert 0.0 <= m["token_hit_rate"] <= oracle + 1e-12, name
+        assert 0.0 <= m["oracle_fraction"] <= 1.0 + 1e-12, name
+    assert pol["no-cache"]["token_hit_rate"] == 0.0
+    assert pol["agent-cache"]["token_hit_rate"] >= pol["round-robin"]["token_hit_rate"]
+    assert pol["agent-cache"]["token_hit_rate"] >= pol["agent-cache-no-templates"]["token_hit_rate"]
+    for stateless in ("round-robin", "random", "least-load", "consistent-hash", "oracle", "no-cache"):
+        assert pol[stateless]["moves"] == 0
+
+
+def test_results_files(quick) -> None:
+    out, doc = quick
+    assert {"config", "policies", "capacity_sweep", "load_sweep"} <= set(doc)
+    assert doc["config"]["workers"] == 8 and doc["config"]["replicas"] == 2
+    for m in doc["policies"].values():
+        for key in DOCUMENTED:
+            assert key in m
+        assert isinstance(m["moves"], int)
+        assert m["ttft_p50_s"] <= m["ttft_p95_s"] <= m["ttft_p99_s"]
+    for sweep in ("capacity_sweep", "load_sweep"):
+        for ys in doc[sweep]["y"].values():
+            assert len(ys) == len(doc[sweep]["x"])
+    md = (out / "results.md").read_text()
+    assert "| agent-cache |" in md and "| oracle |" in md
+    for png in ("ttft_cdf.png", "hit_rate_vs_capacity.png", "throughput_vs_load.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_trace_replay_completes_every_call(tmp_path) -> None:
+    first10: dict[str, int] = {}
+    for c in iter_trace(str(TRACE)):
+        if c.session_id in first10 or len(first10) < 10:
+            first10[c.session_id] = first10.get(c.session_id, 0) + 1
+    rc = main_bench(["--trace", str(TRACE), "--sessions", "10", "--workers", "4", "--no-sweeps", "--no-plots",
+                     "--policies", "round-robin,agent-cache,no-cache", "--out", str(tmp_path), "--quiet"])
+    assert rc == 0
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["config"]["workload"] == "trace"
+    for name, m in doc["policies"].items():
+        assert m["sessions_completed"] == 10, name
+        assert m["calls"] == sum(first10.values()), name
+    assert doc["policies"]["agent-cache"]["token_hit_rate"] > doc["policies"]["round-robin"]["token_hit_rate"]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--workers", "0"], "--workers"),
+    (["--replicas", "-1"], "--replicas"),
+    (["--preset", "huge"], "--preset"),
+    (["--policies", "round-robin,psychic"], "--policies"),
+    (["--trace", "/nonexistent/trace.jsonl"], "--trace"),
+])
+def test_bad_input_exits_2_naming_the_flag(argv, flag, tmp_path, capsys) -> None:
+    assert main_bench([*argv, "--out", str(tmp_path), "--quiet"]) == 2
+    assert flag in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_real_engine_is_honestly_not_built(tmp_path, capsys) -> None:
+    assert main_bench(["--engine", "real", "--out", str(tmp_path)]) == 2
+    assert "not implemented yet" in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_module_entry_point(tmp_path) -> None:
+    p = subprocess.run([sys.executable, "-m", "agent_cache.bench.runner", "--workers", "0", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--workers" in p.stderr
