@@ -33,7 +33,22 @@ def canonical_text(text: str) -> str:
     # is_normalized is a fast C check; ASCII is always NFC.
     if not text.isascii() and not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
+    if type(text) is str and text.isascii():
+        # Fast exact check: a match of _TRAILING_WS ends right before a newline or
+        # at the end, so ASCII text without "<space-ish>\n" and not ending in one
+        # has nothing to strip (substring search is much faster than the regex).
+        if text[-1:] not in _ASCII_WS and (
+                "\n" not in text
+                or not (" \n" in text or "\t\n" in text or any(c in text for c in _RARE_ASCII_WS))):
+            return text
     return _TRAILING_WS.sub("", text)
+
+
+# ASCII characters that str.isspace() (and so the regex's \s) accepts, newline excluded.
+_ASCII_WS = frozenset(c for c in map(chr, range(128)) if c.isspace() and c != "\n")
+# Single-character searches are much faster than two-character ones: only space and
+# tab are looked up before a newline, the rest anywhere (the regex decides then).
+_RARE_ASCII_WS = tuple(sorted(_ASCII_WS - {" ", "\t"}))
 
 
 def _canon_content(content: Any, field: str, *, rewrite_text: bool) -> Any:
@@ -48,7 +63,7 @@ def _canon_content(content: Any, field: str, *, rewrite_text: bool) -> Any:
         pf = f"{field}[{i}]"
         if isinstance(part, str):  # LangChain allows bare strings as text parts
             part = {"type": "text", "text": part}
-        if not isinstance(part, Mapping):
+        if type(part) is not dict and not isinstance(part, Mapping):
             raise TemplateError(pf, f"a content part must be an object, not {type(part).__name__}")
         ptype = part.get("type")
         if not isinstance(ptype, str):
@@ -72,10 +87,10 @@ def _canon_tool_calls(calls: Any, field: str) -> list[dict]:
     out = []
     for i, call in enumerate(calls):
         cf = f"{field}[{i}]"
-        if not isinstance(call, Mapping):
+        if type(call) is not dict and not isinstance(call, Mapping):
             raise TemplateError(cf, "must be an object")
         fn = call.get("function")
-        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn.get("name"):
+        if type(fn) is not dict and not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn.get("name"):
             raise TemplateError(f"{cf}.function.name", "missing or not a non-empty string")
         args = fn.get("arguments", "")
         if not isinstance(args, str):
@@ -95,7 +110,7 @@ def _ordered(d: Mapping[str, Any], order: Sequence[str]) -> dict:
 def canonical_message(msg: Any, index: int) -> dict:
     """One message in canonical form; raises TemplateError naming the field."""
     field = f"messages[{index}]"
-    if not isinstance(msg, Mapping):
+    if type(msg) is not dict and not isinstance(msg, Mapping):
         raise TemplateError(field, f"a message must be an object, not {type(msg).__name__}")
     role = msg.get("role")
     if role not in ROLES:
@@ -120,8 +135,12 @@ def canonical_message(msg: Any, index: int) -> dict:
     return _ordered(out, _KEY_ORDER)
 
 
-def _sorted_json(value: Any, field: str) -> Any:
-    """Rebuild ``value`` with keys sorted at every level; text canonicalised."""
+def _sorted_json(value: Any, field: str, _reuse: tuple[Any, Any, Any, Any] | None = None) -> Any:
+    """Rebuild ``value`` with keys sorted at every level; text canonicalised.
+
+    ``_reuse=(tool, fn, params, cparams)``: ``tool["function"]["parameters"]``
+    (``fn`` and ``params``) is already rebuilt as ``cparams``.
+    """
     # Hot path (tool schemas on every call): exact-type checks first, and child
     # field names are only formatted when an error needs them.
     kind = type(value)
@@ -129,15 +148,26 @@ def _sorted_json(value: Any, field: str) -> Any:
         return canonical_text(value)
     if kind is dict or (kind is not list and isinstance(value, Mapping)):
         out = {}
+        at_tool = _reuse is not None and value is _reuse[0]
+        at_fn = _reuse is not None and value is _reuse[1]
         for k in sorted(value, key=str):
             if type(k) is not str:
                 raise TemplateError(field, f"JSON object keys must be strings, got {k!r}")
             child = value[k]
-            out[k] = child if type(child) in _JSON_SCALARS else _sorted_json(child, f"{field}.{k}")
+            tc = type(child)
+            if tc is str:  # the commonest leaf: what the recursive call would return
+                out[k] = canonical_text(child)
+            elif at_fn and k == "parameters" and child is _reuse[2]:
+                out[k] = _reuse[3]
+            elif tc in _JSON_SCALARS:
+                out[k] = child
+            else:
+                out[k] = _sorted_json(child, f"{field}.{k}", _reuse if at_tool and k == "function" else None)
         return out
     if kind is list or kind is tuple:
         # List order is meaningful in JSON schema (enum, prefixItems): keep it.
-        return [v if type(v) in _JSON_SCALARS else _sorted_json(v, f"{field}[{i}]") for i, v in enumerate(value)]
+        return [canonical_text(v) if type(v) is str else v if type(v) in _JSON_SCALARS else _sorted_json(v, f"{field}[{i}]")
+                for i, v in enumerate(value)]
     if isinstance(value, str):
         return canonical_text(value)
     if value is None or isinstance(value, (bool, int)):
@@ -149,23 +179,29 @@ def _sorted_json(value: Any, field: str) -> Any:
     raise TemplateError(field, f"not JSON-serialisable: {type(value).__name__}")
 
 
+# isinstance() against typing.Mapping/Sequence is slow; the exact-type checks in front of
+# it (dict, list) are the common case and give the same answer.
 # leaves returned as they are (str needs canonical text; floats need the NaN check)
 _JSON_SCALARS = frozenset({bool, int, type(None)})
 
 
 def canonical_tool(tool: Any, index: int) -> dict:
     field = f"tools[{index}]"
-    if not isinstance(tool, Mapping):
+    if type(tool) is not dict and not isinstance(tool, Mapping):
         raise TemplateError(field, "a tool must be an object")
     fn = tool.get("function")
-    if not isinstance(fn, Mapping):
+    if type(fn) is not dict and not isinstance(fn, Mapping):
         raise TemplateError(f"{field}.function", "missing or not an object")
     name = fn.get("name")
     if not isinstance(name, str) or not name.strip():
         raise TemplateError(f"{field}.function.name", "missing or not a non-empty string")
-    if "parameters" in fn:
-        _sorted_json(fn["parameters"], f"{field}.function.parameters")  # validate with the precise field
-    return _sorted_json(tool, field)
+    if "parameters" not in fn:
+        return _sorted_json(tool, field)
+    # Parameters first, so their errors win (as before); then the rest of the tool,
+    # reusing the rebuilt parameters instead of walking them a second time.
+    params = fn["parameters"]
+    cparams = params if type(params) in _JSON_SCALARS else _sorted_json(params, f"{field}.function.parameters")
+    return _sorted_json(tool, field, (tool, fn, params, cparams))
 
 
 def tools_json(tools: Sequence[Mapping] | None) -> str:
@@ -182,17 +218,22 @@ def canonicalize(
     messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None, *, sort_tools: bool = True
 ) -> tuple[list[dict], list[dict] | None]:
     """Canonical copies of ``messages`` and ``tools`` (inputs are not modified)."""
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+    if type(messages) is not list and (isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence)):
         raise TemplateError("messages", "must be a list of message objects")
     out = [canonical_message(m, i) for i, m in enumerate(messages)]
     ctools: list[dict] | None = None
     if tools is not None:
-        if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+        if type(tools) is not list and (isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence)):
             raise TemplateError("tools", "must be a list of tool objects")
         ctools = [canonical_tool(t, i) for i, t in enumerate(tools)]
         if sort_tools:
             # Name first; the full JSON breaks ties so the order is total.
-            ctools.sort(key=lambda t: (t["function"]["name"], tools_json([t])))
+            # The JSON is only needed (and computed) when two tools share a name.
+            names = [t["function"]["name"] for t in ctools]
+            if len(set(names)) == len(names):
+                ctools.sort(key=lambda t: t["function"]["name"])
+            else:
+                ctools.sort(key=lambda t: (t["function"]["name"], tools_json([t])))
     return out, ctools
 
 
@@ -203,5 +244,5 @@ def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     return PART_SEPARATOR.join(
-        p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text"
+        p.get("text", "") for p in content if (type(p) is dict or isinstance(p, Mapping)) and p.get("type") == "text"
     )

