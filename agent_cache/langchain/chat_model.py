@@ -253,6 +253,7 @@ class ChatSGLang(BaseChatModel):
         kwargs = dict(kwargs)
         session_id = resolve_session_id(kwargs.get("session_id"), run_manager, kwargs.get("_config_session"))
         include_usage = bool(kwargs.get("stream_usage", self.stream_usage))
+        call_variables = kwargs.get("template_variables")  # read before the local kwargs are stripped
         for name in _LOCAL_KWARGS:
             kwargs.pop(name, None)
         model = kwargs.pop("model", None) or self.model_name
@@ -265,7 +266,7 @@ class ChatSGLang(BaseChatModel):
         stops = stop or params.pop("stop", None) or self.stop
         params["stop"] = stops or None
         routed = self._selector.prepare(
-            to_openai_messages(messages), params.get("tools"), session_id, kwargs.get("template_variables")
+            to_openai_messages(messages), params.get("tools"), session_id, call_variables
         )
         if routed.tools is not None:
             params["tools"] = routed.tools

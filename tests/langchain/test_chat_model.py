@@ -112,3 +112,18 @@ async def test_close_releases_clients(lc_fleet):
     assert model._clients and model._aclients
     await model.aclose()
     assert not model._clients and not model._aclients
+
+
+def test_per_call_template_variables_reach_the_templater(lc_fleet):
+    from langchain_core.messages import HumanMessage, SystemMessage
+
+    model = ChatSGLang(model="sim", workers=lc_fleet.urls, templates="templatize", max_tokens=4)
+    ids = set()
+    for user in ("Alice Example", "Bob Sample"):
+        prompt = [SystemMessage(f"You are helping {user}. Be brief. " * 3), HumanMessage("hi")]
+        msg = model.invoke(prompt, session_id=f"tv-{user}", template_variables={"user_name": user})
+        ids.add(msg.response_metadata["template_id"])
+    assert len(ids) == 1  # the user name moved out of the template
+    bound = model.bind(template_variables={"user_name": "Carol Third"})
+    msg = bound.invoke([SystemMessage("You are helping Carol Third. Be brief. " * 3), HumanMessage("hi")], session_id="tv-c")
+    assert msg.response_metadata["template_id"] in ids
