@@ -127,9 +127,15 @@ def _add_stats(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_stats)
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    # listed for --help; main() hands the arguments to agent_cache.bench.runner
+    sub.add_parser("bench", help="compare routing policies on simulated agent workloads (see bench --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent-cache", description="Prefix-cache-aware middleware for LLM agents on SGLang")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_bench(sub)
     _add_demo(sub)
     _add_explain(sub)
     _add_sim_worker(sub)
@@ -139,8 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["explain"]:  # explain owns its own flags, --help included
+    if argv[:1] == ["explain"]:  # explain and bench own their flags, --help included
         return _explain(argv[1:])
+    if argv[:1] == ["bench"]:
+        from agent_cache.bench.runner import main_bench
+
+        return main_bench(argv[1:])
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
