@@ -18,7 +18,6 @@ import asyncio
 import datetime as _dt
 import itertools
 import operator
-import statistics
 import sys
 import time
 import uuid
@@ -32,6 +31,7 @@ from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 
 from agent_cache.backends import SGLangClient
+from agent_cache.bench.percentile import percentile
 from agent_cache.langchain import ChatSGLang, SessionMiddleware
 from agent_cache.routing.router import Placement, RouteRequest, Router
 
@@ -171,8 +171,7 @@ class RunResult:
     def ttft_pct(self, q: float) -> float:
         if not self.ttft:
             return float("nan")
-        ordered = sorted(self.ttft)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        return percentile(self.ttft, q)
 
 
 async def _run_session(agent: Any, index: int, user: str, result: RunResult, timer: _FirstToken, tag: str) -> None:

@@ -101,7 +101,7 @@ def results_markdown(doc: Mapping[str, Any]) -> str:
 
 def _sweep_table(sweep: Mapping[str, Any]) -> str:
     xs = sweep["x"]
-    rows = [f"| policy | " + " | ".join(f"{sweep['x_label']}={x:g}" for x in xs) + " |",
+    rows = ["| policy | " + " | ".join(f"{sweep['x_label']}={x:g}" for x in xs) + " |",
             "| --- |" + " ---: |" * len(xs)]
     for name, ys in sweep["y"].items():
         rows.append(f"| {name} | " + " | ".join(f"{y:.3f}" for y in ys) + " |")

@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 
+from agent_cache.bench.percentile import percentile
 from agent_cache.routing.router import RouteRequest, Router
 
 WORKERS = [f"http://10.0.0.{i}:30000" for i in range(1, 9)]  # never contacted: probes are off
@@ -28,11 +29,6 @@ WORKERS = [f"http://10.0.0.{i}:30000" for i in range(1, 9)]  # never contacted: 
 
 def _requests(n: int, steps: int, tag: str) -> list[RouteRequest]:
     return [RouteRequest(session_id=f"{tag}-s{i // steps}", template_id=f"t{i // steps % 4}") for i in range(n)]
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _latency(router: Router, n: int, steps: int) -> list[float]:
@@ -83,7 +79,7 @@ def _measure(name: str, router: Router, args: argparse.Namespace) -> list[str]:
     print(f"{name}: asyncio...", file=sys.stderr, flush=True)
     asy = asyncio.run(_async(router, args.decisions, args.steps, args.concurrency))
     return [
-        f"| {name} | {statistics.median(lat) * 1e3:.3f} | {_pct(lat, 0.99) * 1e3:.3f} | "
+        f"| {name} | {statistics.median(lat) * 1e3:.3f} | {percentile(lat, 0.99) * 1e3:.3f} | "
         f"{1 / statistics.mean(lat):,.0f} | {thr:,.0f} | {asy:,.0f} |"
     ]
 
@@ -115,7 +111,7 @@ def _redis_context(url: str, before: dict[str, float], after: dict[str, float], 
         client.close()
     return [
         f"redis PING round trip (same client library): p50 {statistics.median(rtt) * 1e3:.3f} ms, "
-        f"p99 {_pct(rtt, 0.99) * 1e3:.3f} ms",
+        f"p99 {percentile(rtt, 0.99) * 1e3:.3f} ms",
         f"redis server time per script call during the run (INFO commandstats delta, route and release "
         f"mixed, any client): {usec / calls if calls else float('nan'):.1f} us over {calls:,} calls",
     ]

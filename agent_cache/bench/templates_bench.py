@@ -13,6 +13,7 @@ import uuid
 
 from agent_cache.templates import TemplateMode, Templater
 from agent_cache.templates.explain import render_chat
+from agent_cache.bench.percentile import percentile
 from agent_cache.templates.templater import encoder
 
 _WORDS = ("agent tool search answer question context document retrieve reason step observe "
@@ -60,11 +61,6 @@ def _session(i: int, body: str, tools: list[dict], rng: random.Random) -> tuple[
     return msgs, tools_copy, name
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def latency(n: int = 300) -> None:
     rng = random.Random(0)
     body, tools = _body(4000, rng), _tools(10, rng)
@@ -79,7 +75,7 @@ def latency(n: int = 300) -> None:
             t0 = time.perf_counter()
             t.normalize(msgs, tls)
             times.append((time.perf_counter() - t0) * 1e3)
-        print(f"{mode.value:<12} {statistics.median(times):>10.3f} {_pct(times, 0.99):>8.3f}")
+        print(f"{mode.value:<12} {statistics.median(times):>10.3f} {percentile(times, 0.99):>8.3f}")
     print("same prompt again (later calls of a session):")
     for mode in TemplateMode:
         t = Templater(mode)
@@ -90,7 +86,7 @@ def latency(n: int = 300) -> None:
             t0 = time.perf_counter()
             t.normalize(msgs, tls)
             times.append((time.perf_counter() - t0) * 1e3)
-        print(f"{mode.value:<12} {statistics.median(times):>10.3f} {_pct(times, 0.99):>8.3f}")
+        print(f"{mode.value:<12} {statistics.median(times):>10.3f} {percentile(times, 0.99):>8.3f}")
 
 
 def _common(a: list[int], b: list[int]) -> int:
