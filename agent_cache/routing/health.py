@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 CLOSED = "closed"
 OPEN = "open"
@@ -73,6 +73,12 @@ class HealthTracker:
         """Closed or half-open: the worker may take calls (half-open ones are trials)."""
         with self._lock:
             return self._breaker(url).state(self._clock()) != OPEN
+
+    def down(self, urls: Iterable[str]) -> set[str]:
+        """The URLs whose breaker is open (one lock and one clock read for the whole pool)."""
+        with self._lock:
+            now = self._clock()
+            return {u for u in urls if u in self._breakers and self._breakers[u].state(now) == OPEN}
 
     def state(self, url: str) -> str:
         with self._lock:

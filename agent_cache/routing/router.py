@@ -29,11 +29,16 @@ from agent_cache.routing.hashing import pool_for_session, rendezvous_pick
 from agent_cache.routing.health import HealthTracker
 from agent_cache.routing.metrics import RouterMetrics
 from agent_cache.routing.placement import DOWN, DRAINING, UP, Policy
+from agent_cache.routing.releases import PendingReleases, ReleaseFlusher
 from agent_cache.store.base import DEFAULT_PREFIX, DEFAULT_SESSION_TTL, MetadataStore, RouteQuery, WorkerSpec
 from agent_cache.store.memory import MemoryStore
 
 T = TypeVar("T")
 DEFAULT_CAPACITY = 200_000  # KV tokens assumed until /server_info answers
+# How late other processes may see a finished call (its in-flight count).
+# Agent calls last seconds; 10 ms of staleness does not change a placement,
+# and not paying a round trip per finished call halves the store traffic.
+DEFAULT_RELEASE_DELAY = 0.01
 
 
 # outcomes decided without the store: nothing to release or report there
@@ -67,7 +72,10 @@ class Router:
     :class:`MemoryStore`), or pass ``redis_url`` to share decisions across
     processes. ``probe_interval``: seconds between active ``/health`` probes
     in a background thread (``None``: no probes; breakers then reopen lazily
-    after their cooldown and the next call is the trial).
+    after their cooldown and the next call is the trial). ``release_delay``:
+    with a store behind a network (Redis), a finished call's in-flight count
+    rides on this router's next store write, or is written by a background
+    thread after at most this many seconds (``0``: its own round trip at once).
     """
 
     def __init__(
@@ -89,6 +97,7 @@ class Router:
         capacities: Mapping[str, int] | None = None,
         registry: Any = None,
         clock: Callable[[], float] = time.time,
+        release_delay: float = DEFAULT_RELEASE_DELAY,
     ) -> None:
         self._workers: list[WorkerConfig] = parse_workers(workers)
         self._pools = parse_pools(pools, {w.pool for w in self._workers})
@@ -98,6 +107,8 @@ class Router:
             raise ConfigError("max_attempts", f"must be >= 1, got {max_attempts}")
         if probe_interval is not None and probe_interval <= 0:
             raise ConfigError("probe_interval", f"must be > 0 or None, got {probe_interval}")
+        if not isinstance(release_delay, (int, float)) or release_delay < 0:
+            raise ConfigError("release_delay", f"must be a number of seconds >= 0, got {release_delay!r}")
         if redis_url is not None:
             from agent_cache.store.redis_store import RedisStore
 
@@ -108,9 +119,11 @@ class Router:
         self.default_capacity = default_capacity
         self._capacity: dict[str, int] = dict(capacities or {})
         self._draining: set[str] = set()
-        # in-flight counts placed through the store but not yet released there
-        # (the call ended while the store was unreachable): paid back on recovery
-        self._owed: list[str] = []
+        # in-flight counts placed through the store but not yet released there:
+        # deferred to the next store write, or owed while the store is unreachable
+        self._pending = PendingReleases()
+        remote = getattr(self.store, "round_trip", True)  # the memory store releases for free
+        self._flusher = ReleaseFlusher(release_delay, self.flush) if remote and release_delay > 0 else None
         self._lock = threading.Lock()
         self.health = HealthTracker(failure_threshold, cooldown)
         self.availability = StoreAvailability()
@@ -171,10 +184,10 @@ class Router:
 
     def _specs(self, pool: str, exclude: set[str]) -> tuple[WorkerSpec, ...]:
         out = []
-        for w in self._workers:
-            if w.pool != pool:
-                continue
-            if w.url in exclude or not self.health.is_up(w.url):
+        members = [w for w in self._workers if w.pool == pool]
+        down = self.health.down(w.url for w in members)
+        for w in members:
+            if w.url in exclude or w.url in down:
                 state = DOWN
             elif w.url in self._draining:
                 state = DRAINING
@@ -212,18 +225,21 @@ class Router:
         """Pick the worker for one call and count it in flight; pair with :meth:`done`."""
         query = self._query(request, set(exclude))
         if self.availability.should_try():
+            releases = self._pending.take()
             t0 = time.perf_counter()
             try:
-                result = self.store.route(query, self.policy, self._clock())
+                result = self.store.route(query, self.policy, self._clock(), releases)
             except StoreUnavailableError as exc:
+                self._pending.restore(releases)
                 self.availability.failed(exc)
                 self.metrics.degraded.set(1)
+            except BaseException:
+                self._pending.restore(releases)
+                raise
             else:
                 self.metrics.store_latency.labels("route").observe(time.perf_counter() - t0)
                 self.availability.succeeded()
                 self.metrics.degraded.set(0)
-                if self._owed:
-                    self._pay_owed()
                 return self._from_result(request, query, result)
         return self._degraded(request, query)
 
@@ -242,37 +258,33 @@ class Router:
         return self._placed(request, query, worker, "last_resort", 0)
 
     def done(self, placement: Placement) -> None:
-        """The call finished (either way): release its in-flight count."""
+        """The call finished (either way): release its in-flight count (see ``release_delay``)."""
+        if self._release_later(placement):
+            self.flush()
+
+    def _release_later(self, placement: Placement) -> bool:
+        """Queue the release; True if the caller should write it now."""
         self.metrics.inflight.labels(placement.worker).dec()
         if placement.outcome in _STORELESS:
-            return
+            return False
+        self._pending.add(placement.worker)
         if self.availability.degraded:
-            self._owe(placement.worker)
+            return False  # paid with the first write once the store answers
+        if self._flusher is not None:
+            self._flusher.kick()
+            return False
+        return True
+
+    def flush(self) -> None:
+        """Write pending in-flight releases to the store now."""
+        if not self._pending or self.availability.degraded:
             return
+        releases = self._pending.take()
         try:
-            self.store.release(placement.worker, self._clock())
+            self.store.release_many(releases, self._clock())
         except StoreError as exc:
-            self._owe(placement.worker)
+            self._pending.restore(releases)
             self._store_failed(exc)
-
-    def _owe(self, worker: str) -> None:
-        with self._lock:
-            self._owed.append(worker)
-
-    def _take_owed(self) -> list[str]:
-        with self._lock:
-            owed, self._owed = self._owed, []
-        return owed
-
-    def _pay_owed(self) -> None:
-        owed = self._take_owed()
-        for i, worker in enumerate(owed):
-            try:
-                self.store.release(worker, self._clock())
-            except StoreError:
-                for w in owed[i:]:
-                    self._owe(w)
-                return
 
     def report(self, placement: Placement, *, prompt_tokens: int, cached_tokens: int) -> None:
         """Usage of a successful call: feeds hit statistics and the overload-move signal."""
@@ -281,12 +293,14 @@ class Router:
         self.metrics.cached_tokens.labels(tid, placement.worker).inc(cached_tokens)
         if placement.outcome in _STORELESS or self.availability.degraded:
             return
+        releases = self._pending.take()
         try:
             self.store.report(
                 placement.tenant, placement.session_id, placement.worker, placement.epoch,
-                placement.template_id, prompt_tokens, cached_tokens, self._clock(),
+                placement.template_id, prompt_tokens, cached_tokens, self._clock(), releases,
             )  # fmt: skip
         except StoreError as exc:
+            self._pending.restore(releases)
             self._store_failed(exc)
 
     def _store_failed(self, exc: StoreError) -> None:
@@ -345,43 +359,38 @@ class Router:
         query = self._query(request, set(exclude))
         astore = self.store
         if self.availability.should_try():
+            releases = self._pending.take()
             t0 = time.perf_counter()
             try:
-                result = await astore.aroute(query, self.policy, self._clock())  # type: ignore[attr-defined]
+                result = await astore.aroute(query, self.policy, self._clock(), releases)  # type: ignore[attr-defined]
             except StoreUnavailableError as exc:
+                self._pending.restore(releases)
                 self.availability.failed(exc)
                 self.metrics.degraded.set(1)
+            except BaseException:
+                self._pending.restore(releases)
+                raise
             else:
                 self.metrics.store_latency.labels("route").observe(time.perf_counter() - t0)
                 self.availability.succeeded()
                 self.metrics.degraded.set(0)
-                if self._owed:
-                    await self._apay_owed()
                 return self._from_result(request, query, result)
         return self._degraded(request, query)
 
     async def adone(self, placement: Placement) -> None:
-        self.metrics.inflight.labels(placement.worker).dec()
-        if placement.outcome in _STORELESS:
-            return
-        if self.availability.degraded:
-            self._owe(placement.worker)
-            return
-        try:
-            await self.store.arelease(placement.worker, self._clock())  # type: ignore[attr-defined]
-        except StoreError as exc:
-            self._owe(placement.worker)
-            self._store_failed(exc)
+        if self._release_later(placement):
+            await self.aflush()
 
-    async def _apay_owed(self) -> None:
-        owed = self._take_owed()
-        for i, worker in enumerate(owed):
-            try:
-                await self.store.arelease(worker, self._clock())  # type: ignore[attr-defined]
-            except StoreError:
-                for w in owed[i:]:
-                    self._owe(w)
-                return
+    async def aflush(self) -> None:
+        """Async :meth:`flush`."""
+        if not self._pending or self.availability.degraded:
+            return
+        releases = self._pending.take()
+        try:
+            await self.store.arelease_many(releases, self._clock())  # type: ignore[attr-defined]
+        except StoreError as exc:
+            self._pending.restore(releases)
+            self._store_failed(exc)
 
     async def areport(self, placement: Placement, *, prompt_tokens: int, cached_tokens: int) -> None:
         tid = placement.template_id or ""
@@ -389,12 +398,14 @@ class Router:
         self.metrics.cached_tokens.labels(tid, placement.worker).inc(cached_tokens)
         if placement.outcome in _STORELESS or self.availability.degraded:
             return
+        releases = self._pending.take()
         try:
             await self.store.areport(  # type: ignore[attr-defined]
                 placement.tenant, placement.session_id, placement.worker, placement.epoch,
-                placement.template_id, prompt_tokens, cached_tokens, self._clock(),
+                placement.template_id, prompt_tokens, cached_tokens, self._clock(), releases,
             )  # fmt: skip
         except StoreError as exc:
+            self._pending.restore(releases)
             self._store_failed(exc)
 
     async def aexecute(self, request: RouteRequest, call: Callable[[str], Awaitable[T]]) -> tuple[T, Placement]:
@@ -477,7 +488,11 @@ class Router:
             self._stop.wait(self._probe_interval)
 
     def close(self) -> None:
+        """Stop the background threads, write pending releases, close the store and clients."""
         self._stop.set()
+        if self._flusher is not None:
+            self._flusher.close()
+        self.flush()
         if self._probe_thread is not None:
             self._probe_thread.join(timeout=5)
         for c in self._clients.values():

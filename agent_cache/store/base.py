@@ -9,7 +9,7 @@ which the Redis Lua script handles exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Mapping, Optional, Protocol, runtime_checkable
 
 from agent_cache.routing.placement import Policy
 
@@ -20,6 +20,12 @@ DEFAULT_PREFIX = "agent-cache"
 DEFAULT_SESSION_TTL = 30 * 60.0
 # A template counts as held by a worker if it served it within this window.
 DEFAULT_TEMPLATE_WINDOW = 10 * 60.0
+
+
+# In-flight releases a caller owes the store (worker URL -> calls ended). The
+# router hands them to its next write (route or report) so that ending a call
+# costs no round trip of its own.
+Releases = Optional[Mapping[str, int]]
 
 
 def to_ms(now: float) -> int:
@@ -55,14 +61,20 @@ class RouteResult:
 
 @runtime_checkable
 class MetadataStore(Protocol):
-    """Sync face. Every ``route`` is one atomic round trip."""
+    """Sync face. Every ``route`` is one atomic round trip, releases included.
+
+    A store may set ``round_trip = False`` when its calls are local (the
+    router then releases at once instead of batching releases).
+    """
 
     session_ttl: float
     template_window: float
 
-    def route(self, query: RouteQuery, policy: Policy, now: float) -> RouteResult: ...
+    def route(self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None) -> RouteResult: ...
 
     def release(self, worker: str, now: float) -> None: ...
+
+    def release_many(self, releases: Mapping[str, int], now: float) -> None: ...
 
     def report(
         self,
@@ -74,6 +86,7 @@ class MetadataStore(Protocol):
         prompt_tokens: int,
         cached_tokens: int,
         now: float,
+        releases: Releases = None,
     ) -> None: ...
 
     def get_session(self, tenant: str, session_id: str, now: float) -> dict[str, Any] | None: ...
@@ -97,9 +110,11 @@ class MetadataStore(Protocol):
 class AsyncMetadataStore(Protocol):
     """Async face: same operations, awaitable."""
 
-    async def aroute(self, query: RouteQuery, policy: Policy, now: float) -> RouteResult: ...
+    async def aroute(self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None) -> RouteResult: ...
 
     async def arelease(self, worker: str, now: float) -> None: ...
+
+    async def arelease_many(self, releases: Mapping[str, int], now: float) -> None: ...
 
     async def areport(
         self,
@@ -111,6 +126,7 @@ class AsyncMetadataStore(Protocol):
         prompt_tokens: int,
         cached_tokens: int,
         now: float,
+        releases: Releases = None,
     ) -> None: ...
 
     async def aping(self) -> None: ...

@@ -13,6 +13,7 @@ separator; session and template ids follow the last separator verbatim.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from urllib.parse import quote
 
 
@@ -22,7 +23,12 @@ def tag(prefix: str) -> str:
 
 def member(tenant: str, ident: str) -> str:
     """A tenant-namespaced id: used inside keys and as a set member."""
-    return quote(tenant, safe="") + ":" + ident
+    return _quoted(tenant) + ":" + ident
+
+
+@lru_cache(maxsize=4096)
+def _quoted(tenant: str) -> str:  # a handful of tenants, quoted on every decision
+    return quote(tenant, safe="")
 
 
 def session(prefix: str, tenant: str, session_id: str) -> str:
@@ -48,15 +54,23 @@ def template_sessions(prefix: str, tenant: str, template_id: str) -> str:
 
 
 def worker(prefix: str, url: str) -> str:
+    """Hash: state, capacity, live session count, prompt and cached token totals."""
     return f"{tag(prefix)}:w:{url}"
 
 
-def worker_sessions(prefix: str, url: str) -> str:
-    return f"{tag(prefix)}:ws:{url}"
+def inflight(prefix: str) -> str:
+    """Hash: worker URL -> calls in flight (one read gives the whole pool's load)."""
+    return f"{tag(prefix)}:inflight"
 
 
-def worker_held(prefix: str, url: str) -> str:
-    return f"{tag(prefix)}:wh:{url}"
+def kv_tokens(prefix: str) -> str:
+    """Hash: worker URL -> estimated KV tokens held by its sessions."""
+    return f"{tag(prefix)}:kv"
+
+
+def live(prefix: str) -> str:
+    """Sorted set: every live session (tenant-namespaced) -> last use (ms); the route script expires from it."""
+    return f"{tag(prefix)}:live"
 
 
 def workers_set(prefix: str) -> str:

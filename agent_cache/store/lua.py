@@ -7,7 +7,43 @@ purged-session keys are built inside the script; they share the deployment's
 hash tag with the declared keys, so they live in the same Cluster slot.
 """
 
-ROUTE = r"""
+# Shared by ROUTE, REPORT and RELEASE: in-flight releases the caller owes,
+# written before anything else (ARGV from ``first``: url, count pairs).
+_APPLY_RELEASES = r"""
+local function apply_releases(tag, first)
+  local key = tag .. ':inflight'
+  for i = first, #ARGV, 2 do
+    -- never below zero, even after a Redis restart lost the increment
+    if redis.call('HINCRBY', key, ARGV[i], -tonumber(ARGV[i + 1])) < 0 then
+      redis.call('HSET', key, ARGV[i], 0)
+    end
+  end
+end
+"""
+
+# Expired sessions give back the KV tokens they were counted for. One sorted
+# set of every live session by last use keeps this a single range read on
+# most decisions; the session hash names the worker and the tokens held.
+_PURGE = r"""
+local function detach(tag, url, held)
+  if held ~= 0 then redis.call('HINCRBY', tag .. ':kv', url, -held) end
+  redis.call('HINCRBY', tag .. ':w:' .. url, 'sessions', -1)
+end
+
+local function purge(tag, cutoff)
+  local live = tag .. ':live'
+  local stale = redis.call('ZRANGEBYSCORE', live, '-inf', '(' .. tostring(cutoff), 'LIMIT', 0, 512)
+  for _, m in ipairs(stale) do
+    local sk = tag .. ':s:' .. m
+    local rec = redis.call('HMGET', sk, 'worker', 'held')
+    if rec[1] then detach(tag, rec[1], tonumber(rec[2] or '0')) end
+    redis.call('DEL', sk)
+    redis.call('ZREM', live, m)
+  end
+end
+"""
+
+ROUTE = _APPLY_RELEASES + _PURGE + r"""
 local tag, member, tid, pool, tenant, sid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local now = tonumber(ARGV[7])
 local ttl = tonumber(ARGV[8])
@@ -18,66 +54,40 @@ local move_factor = tonumber(ARGV[12])
 local kv_weight = tonumber(ARGV[13])
 local est = tonumber(ARGV[14])
 local tmember = ARGV[15]
-local n = tonumber(ARGV[16])
 local skey, tkey = KEYS[1], KEYS[2]
+local ikey, kvkey = tag .. ':inflight', tag .. ':kv'
 local cutoff = now - ttl
 
-local function wkey(kind, url) return tag .. ':' .. kind .. ':' .. url end
+apply_releases(tag, 17)
+purge(tag, cutoff)
 
--- Expired sessions give back the KV tokens they were counted for.
-local function purge(url)
-  local ws = wkey('ws', url)
-  local stale = redis.call('ZRANGEBYSCORE', ws, '-inf', '(' .. tostring(cutoff))
-  if #stale == 0 then return end
-  local wh = wkey('wh', url)
-  local freed = 0
-  for _, m in ipairs(stale) do
-    freed = freed + tonumber(redis.call('HGET', wh, m) or '0')
-    redis.call('HDEL', wh, m)
-    redis.call('ZREM', ws, m)
-    local sk = tag .. ':s:' .. m
-    local seen = redis.call('HGET', sk, 'last_seen')
-    if seen and tonumber(seen) < cutoff then redis.call('DEL', sk) end
+-- ARGV[16]: the pool's workers, one "url state capacity" line each
+local urls, states, caps = {}, {}, {}
+for url, state, cap in string.gmatch(ARGV[16], '(%S+) (%S+) (%S+)\n') do
+  local i = #urls + 1
+  urls[i], states[i], caps[i] = url, state, tonumber(cap)
+end
+local n = #urls
+local loads = {}
+if n > 0 then
+  local inflight = redis.call('HMGET', ikey, unpack(urls))
+  local kv = redis.call('HMGET', kvkey, unpack(urls))
+  for i = 1, n do
+    loads[i] = tonumber(inflight[i] or '0') + kv_weight * tonumber(kv[i] or '0') / math.max(caps[i], 1)
   end
-  if freed ~= 0 then redis.call('HINCRBY', wkey('w', url), 'kv_tokens', -freed) end
 end
 
-local function detach(url)
-  redis.call('ZREM', wkey('ws', url), member)
-  local wh = wkey('wh', url)
-  local held = tonumber(redis.call('HGET', wh, member) or '0')
-  redis.call('HDEL', wh, member)
-  if held ~= 0 then redis.call('HINCRBY', wkey('w', url), 'kv_tokens', -held) end
-  return held
-end
-
-local urls, states, loads = {}, {}, {}
-for i = 1, n do
-  local base = 16 + 3 * (i - 1)
-  urls[i] = ARGV[base + 1]
-  states[i] = ARGV[base + 2]
-  local cap = tonumber(ARGV[base + 3])
-  purge(urls[i])
-  local h = redis.call('HMGET', wkey('w', urls[i]), 'inflight', 'kv_tokens')
-  local inflight = tonumber(h[1] or '0')
-  local kv = tonumber(h[2] or '0')
-  loads[i] = inflight + kv_weight * kv / math.max(cap, 1)
-end
-
-local rec = redis.call('HMGET', skey, 'worker', 'epoch', 'last_cached', 'prev_cached', 'last_seen')
-local pin = nil
+local rec = redis.call('HMGET', skey, 'worker', 'epoch', 'last_cached', 'prev_cached', 'last_seen', 'held', 'steps')
+local pin, held, steps = nil, 0, 0
 if rec[1] then
-  if tonumber(rec[5]) < cutoff then
-    detach(rec[1])
+  if tonumber(rec[5]) < cutoff then  -- expired, not yet purged (purge is bounded per call)
+    detach(tag, rec[1], tonumber(rec[6] or '0'))
     redis.call('DEL', skey)
+    redis.call('ZREM', tag .. ':live', member)
   else
     pin = {worker = rec[1], epoch = tonumber(rec[2]), last = tonumber(rec[3]), prev = tonumber(rec[4])}
+    held, steps = tonumber(rec[6] or '0'), tonumber(rec[7] or '0')
   end
-end
-
-local holders = {}
-if tid ~= '' then
-  for _, u in ipairs(redis.call('ZRANGEBYSCORE', tkey, tostring(now - window), '+inf')) do holders[u] = true end
 end
 
 local function score(url)
@@ -123,6 +133,10 @@ else
     if pin then return {'', 'none', pin.epoch, ''} end
     return {'', 'none', 0, ''}
   end
+  local holders = {}
+  if tid ~= '' then
+    for _, u in ipairs(redis.call('ZRANGEBYSCORE', tkey, tostring(now - window), '+inf')) do holders[u] = true end
+  end
   local total = 0.0
   for _, i in ipairs(cands) do total = total + loads[i] end
   local mean = total / #cands
@@ -141,28 +155,28 @@ else
   end
 end
 
-local wk, wh = wkey('w', chosen), wkey('wh', chosen)
+local wk = tag .. ':w:' .. chosen
 if not pin then
   redis.call('HSET', skey, 'worker', chosen, 'template', tid, 'pool', pool, 'tenant', tenant,
-    'created', tostring(now), 'last_seen', tostring(now), 'steps', 0, 'prompt_tokens', 0,
-    'cached_tokens', 0, 'last_cached', 0, 'prev_cached', 0, 'epoch', epoch)
+    'created', tostring(now), 'prompt_tokens', 0, 'cached_tokens', 0, 'last_cached', 0, 'prev_cached', 0,
+    'epoch', epoch)
+  redis.call('HINCRBY', wk, 'sessions', 1)
+  redis.call('SADD', tag .. ':workers', chosen)
 elseif previous ~= '' then
-  local held = detach(previous)
+  -- The new worker re-prefills the whole history, so it holds as much as before.
+  detach(tag, previous, held)
   redis.call('HSET', skey, 'worker', chosen, 'epoch', epoch, 'last_cached', 0, 'prev_cached', 0)
-  redis.call('HSET', wh, member, held)
-  if held ~= 0 then redis.call('HINCRBY', wk, 'kv_tokens', held) end
+  redis.call('HINCRBY', wk, 'sessions', 1)
+  if held ~= 0 then redis.call('HINCRBY', kvkey, chosen, held) end
+  redis.call('SADD', tag .. ':workers', chosen)
 end
-local held = tonumber(redis.call('HGET', wh, member) or '0')
 if est > held then
-  redis.call('HINCRBY', wk, 'kv_tokens', est - held)
-  redis.call('HSET', wh, member, est)
+  redis.call('HINCRBY', kvkey, chosen, est - held)
+  held = est
 end
-redis.call('HSET', skey, 'last_seen', tostring(now))
-redis.call('HINCRBY', skey, 'steps', 1)
-redis.call('PEXPIRE', skey, 2 * ttl)
-redis.call('ZADD', wkey('ws', chosen), tostring(now), member)
-redis.call('HINCRBY', wk, 'inflight', 1)
-redis.call('SADD', tag .. ':workers', chosen)
+redis.call('HSET', skey, 'last_seen', tostring(now), 'steps', steps + 1, 'held', held)
+redis.call('ZADD', tag .. ':live', tostring(now), member)
+redis.call('HINCRBY', ikey, chosen, 1)
 if tid ~= '' then
   redis.call('ZADD', tkey, tostring(now), chosen)
   redis.call('PEXPIRE', tkey, 2 * window)
@@ -173,25 +187,25 @@ return {chosen, outcome, epoch, previous}
 """
 
 # KEYS: session, template zset, template stats. ARGV: tag, member, worker, epoch,
-# template id, template member, prompt tokens, cached tokens, now (ms).
-REPORT = r"""
+# template id, template member, prompt tokens, cached tokens, now (ms), then
+# releases (url, count pairs).
+REPORT = _APPLY_RELEASES + r"""
 local tag, member, worker = ARGV[1], ARGV[2], ARGV[3]
 local epoch = tonumber(ARGV[4])
 local tid, tmember = ARGV[5], ARGV[6]
 local p, c, now = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
+apply_releases(tag, 10)
 local wk = tag .. ':w:' .. worker
 redis.call('HINCRBY', wk, 'prompt_tokens', p)
 redis.call('HINCRBY', wk, 'cached_tokens', c)
-local rec = redis.call('HMGET', KEYS[1], 'worker', 'epoch', 'last_cached')
+local rec = redis.call('HMGET', KEYS[1], 'worker', 'epoch', 'last_cached', 'held')
 if rec[1] == worker and tonumber(rec[2]) == epoch then
   redis.call('HINCRBY', KEYS[1], 'prompt_tokens', p)
   redis.call('HINCRBY', KEYS[1], 'cached_tokens', c)
-  redis.call('HSET', KEYS[1], 'prev_cached', rec[3], 'last_cached', c, 'last_seen', now)
-  local wh = tag .. ':wh:' .. worker
-  local held = tonumber(redis.call('HGET', wh, member) or '0')
-  if p ~= held then redis.call('HINCRBY', wk, 'kv_tokens', p - held) end
-  redis.call('HSET', wh, member, p)
-  redis.call('ZADD', tag .. ':ws:' .. worker, now, member)
+  redis.call('HSET', KEYS[1], 'prev_cached', rec[3], 'last_cached', c, 'last_seen', now, 'held', p)
+  local held = tonumber(rec[4] or '0')
+  if p ~= held then redis.call('HINCRBY', tag .. ':kv', worker, p - held) end
+  redis.call('ZADD', tag .. ':live', now, member)
 end
 if tid ~= '' then
   redis.call('HINCRBY', KEYS[3], 'prompt_tokens', p)
@@ -202,9 +216,8 @@ end
 return 1
 """
 
-# KEYS: worker hash. Never below zero, even after a Redis restart lost the increment.
-RELEASE = r"""
-local v = redis.call('HINCRBY', KEYS[1], 'inflight', -1)
-if v < 0 then redis.call('HSET', KEYS[1], 'inflight', 0) end
-return v
+# ARGV: tag, then releases (url, count pairs).
+RELEASE = _APPLY_RELEASES + r"""
+apply_releases(ARGV[1], 2)
+return 1
 """

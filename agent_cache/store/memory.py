@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import threading
-from typing import Any
+from typing import Any, Mapping
 
 from agent_cache.routing.placement import PinView, Policy, Snapshot, WorkerView, choose_worker
 from agent_cache.store.base import (
     DEFAULT_SESSION_TTL,
     DEFAULT_TEMPLATE_WINDOW,
+    Releases,
     RouteQuery,
     RouteResult,
     to_ms,
@@ -23,14 +24,12 @@ from agent_cache.store.base import (
 
 
 class _Worker:
-    __slots__ = ("inflight", "kv_tokens", "sessions", "held", "state", "capacity", "prompt", "cached")
+    __slots__ = ("inflight", "kv_tokens", "sessions", "state", "capacity", "prompt", "cached")
 
     def __init__(self) -> None:
         self.inflight = 0
-        self.kv_tokens = 0
-        # session -> last seen (ms), oldest first: expiry pops from the front
-        self.sessions: OrderedDict[tuple[str, str], int] = OrderedDict()
-        self.held: dict[tuple[str, str], int] = {}  # session -> estimated KV tokens
+        self.kv_tokens = 0  # estimated KV tokens of the sessions attached here
+        self.sessions = 0  # sessions attached here (until they expire or move)
         self.state = "up"
         self.capacity = 0
         self.prompt = 0
@@ -39,6 +38,8 @@ class _Worker:
 
 class MemoryStore:
     """Thread- and task-safe in-process store implementing both store faces."""
+
+    round_trip = False  # calls are local: the router releases at once instead of batching
 
     def __init__(
         self,
@@ -55,6 +56,8 @@ class MemoryStore:
         self._template_info: dict[tuple[str, str], dict[str, Any]] = {}
         self._workers: dict[str, _Worker] = {}
         self._outcomes: dict[str, int] = {}
+        # every live session -> last use (ms), oldest first: expiry pops from the front
+        self._live: OrderedDict[tuple[str, str], int] = OrderedDict()
 
     # --- helpers (caller holds the lock) -------------------------------------
 
@@ -64,47 +67,41 @@ class MemoryStore:
             w = self._workers[url] = _Worker()
         return w
 
-    def _purge(self, w: _Worker, now_ms: int) -> None:
-        # O(expired), not O(sessions): entries are kept in last-seen order
+    def _purge(self, now_ms: int) -> None:
+        # O(expired), not O(sessions): entries are kept in last-use order
         cutoff = now_ms - to_ms(self.session_ttl)
-        while w.sessions:
-            key, seen = next(iter(w.sessions.items()))
+        while self._live:
+            key, seen = next(iter(self._live.items()))
             if seen >= cutoff:
                 break
-            del w.sessions[key]
-            w.kv_tokens -= w.held.pop(key, 0)
-            rec = self._sessions.get(key)
-            if rec is not None and rec["last_seen"] < cutoff:
-                del self._sessions[key]
+            del self._live[key]
+            rec = self._sessions.pop(key, None)
+            if rec is not None:
+                self._detach(rec)
 
-    def _detach(self, key: tuple[str, str], url: str) -> int:
-        """Drop a session from a worker's accounting; returns the KV tokens it held there."""
-        w = self._worker(url)
-        w.sessions.pop(key, None)
-        held = w.held.pop(key, 0)
-        w.kv_tokens -= held
-        return held
+    def _detach(self, rec: dict[str, Any]) -> None:
+        """Drop a session from its worker's accounting."""
+        w = self._worker(rec["worker"])
+        w.kv_tokens -= rec["held"]
+        w.sessions -= 1
 
-    def _live(self, key: tuple[str, str], now_ms: int) -> dict[str, Any] | None:
-        rec = self._sessions.get(key)
-        if rec is not None and rec["last_seen"] < now_ms - to_ms(self.session_ttl):
-            self._detach(key, rec["worker"])
-            del self._sessions[key]
-            return None
-        return rec
+    def _touch(self, key: tuple[str, str], now_ms: int) -> None:
+        self._live[key] = now_ms
+        self._live.move_to_end(key)
 
     # --- sync face ------------------------------------------------------------
 
-    def route(self, query: RouteQuery, policy: Policy, now: float) -> RouteResult:
+    def route(self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None) -> RouteResult:
         now_ms = to_ms(now)
         key = (query.tenant, query.session_id)
         with self._lock:
+            self._release(releases)
+            self._purge(now_ms)
             views = []
             for spec in query.workers:
                 w = self._worker(spec.url)
-                self._purge(w, now_ms)
                 views.append(WorkerView(spec.url, spec.state, w.inflight, w.kv_tokens, spec.capacity))
-            rec = self._live(key, now_ms)
+            rec = self._sessions.get(key)
             pin = None
             if rec is not None:
                 pin = PinView(rec["worker"], rec["epoch"], rec["last_cached"], rec["prev_cached"])
@@ -124,42 +121,47 @@ class MemoryStore:
         self, query: RouteQuery, rec: dict[str, Any] | None, url: str, outcome: str, epoch: int, now_ms: int
     ) -> None:
         key = (query.tenant, query.session_id)
-        est = query.prompt_tokens_estimate
+        w = self._worker(url)
         if rec is None:
             rec = self._sessions[key] = {
                 "worker": url, "template": query.template_id or "", "pool": query.pool,
                 "tenant": query.tenant, "created": now_ms, "last_seen": now_ms, "steps": 0,
                 "prompt_tokens": 0, "cached_tokens": 0, "last_cached": 0, "prev_cached": 0,
-                "epoch": epoch,
+                "epoch": epoch, "held": 0,
             }  # fmt: skip
+            w.sessions += 1
         elif outcome.startswith("moved:"):
-            held = self._detach(key, rec["worker"])
+            self._detach(rec)
             rec["worker"] = url
             rec["epoch"] = epoch
             rec["last_cached"] = 0
             rec["prev_cached"] = 0
             # The new worker re-prefills the whole history, so it holds as much as before.
-            nw = self._worker(url)
-            nw.held[key] = held
-            nw.kv_tokens += held
-        w = self._worker(url)
-        held = w.held.get(key, 0)
-        if est > held:
-            w.kv_tokens += est - held
-            w.held[key] = est
+            w.sessions += 1
+            w.kv_tokens += rec["held"]
+        est = query.prompt_tokens_estimate
+        if est > rec["held"]:
+            w.kv_tokens += est - rec["held"]
+            rec["held"] = est
         rec["last_seen"] = now_ms
         rec["steps"] += 1
-        w.sessions[key] = now_ms
-        w.sessions.move_to_end(key)
+        self._touch(key, now_ms)
         w.inflight += 1
         if query.template_id:
             self._templates.setdefault((query.tenant, query.template_id), {})[url] = now_ms
         self._outcomes[outcome] = self._outcomes.get(outcome, 0) + 1
 
+    def _release(self, releases: Releases) -> None:
+        for url, count in (releases or {}).items():
+            w = self._worker(url)
+            w.inflight = max(0, w.inflight - count)
+
     def release(self, worker: str, now: float) -> None:
+        self.release_many({worker: 1}, now)
+
+    def release_many(self, releases: Mapping[str, int], now: float) -> None:
         with self._lock:
-            w = self._worker(worker)
-            w.inflight = max(0, w.inflight - 1)
+            self._release(releases)
 
     def report(
         self,
@@ -171,9 +173,11 @@ class MemoryStore:
         prompt_tokens: int,
         cached_tokens: int,
         now: float,
+        releases: Releases = None,
     ) -> None:
         now_ms = to_ms(now)
         with self._lock:
+            self._release(releases)
             w = self._worker(worker)
             w.prompt += prompt_tokens
             w.cached += cached_tokens
@@ -183,11 +187,10 @@ class MemoryStore:
                 rec["cached_tokens"] += cached_tokens
                 rec["prev_cached"] = rec["last_cached"]
                 rec["last_cached"] = cached_tokens
-                w.kv_tokens += prompt_tokens - w.held.get((tenant, session_id), 0)
-                w.held[(tenant, session_id)] = prompt_tokens
+                w.kv_tokens += prompt_tokens - rec["held"]
+                rec["held"] = prompt_tokens
                 rec["last_seen"] = now_ms
-                w.sessions[(tenant, session_id)] = now_ms
-                w.sessions.move_to_end((tenant, session_id))
+                self._touch((tenant, session_id), now_ms)
             if template_id:
                 st = self._template_stats.setdefault((tenant, template_id), [0, 0])
                 st[0] += prompt_tokens
@@ -196,8 +199,10 @@ class MemoryStore:
 
     def get_session(self, tenant: str, session_id: str, now: float) -> dict[str, Any] | None:
         with self._lock:
-            rec = self._live((tenant, session_id), to_ms(now))
-            return dict(rec) if rec is not None else None
+            rec = self._sessions.get((tenant, session_id))
+            if rec is None or rec["last_seen"] < to_ms(now) - to_ms(self.session_ttl):
+                return None
+            return dict(rec)
 
     def set_worker(self, url: str, state: str, capacity: int, now: float) -> None:
         with self._lock:
@@ -231,12 +236,10 @@ class MemoryStore:
         now_ms = to_ms(now)
         with self._lock:
             # Read-only, like the Redis store: expired sessions are purged on the next route.
-            live_cutoff = now_ms - to_ms(self.session_ttl)
             workers = {}
             for url, w in self._workers.items():
-                live = sum(1 for seen in w.sessions.values() if seen >= live_cutoff)
                 workers[url] = {
-                    "state": w.state, "capacity": w.capacity, "sessions": live,
+                    "state": w.state, "capacity": w.capacity, "sessions": w.sessions,
                     "inflight": w.inflight, "kv_tokens": w.kv_tokens,
                     "prompt_tokens": w.prompt, "cached_tokens": w.cached,
                 }  # fmt: skip
@@ -264,11 +267,14 @@ class MemoryStore:
 
     # --- async face -----------------------------------------------------------
 
-    async def aroute(self, query: RouteQuery, policy: Policy, now: float) -> RouteResult:
-        return self.route(query, policy, now)
+    async def aroute(self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None) -> RouteResult:
+        return self.route(query, policy, now, releases)
 
     async def arelease(self, worker: str, now: float) -> None:
         self.release(worker, now)
+
+    async def arelease_many(self, releases: Mapping[str, int], now: float) -> None:
+        self.release_many(releases, now)
 
     async def areport(
         self,
@@ -280,8 +286,9 @@ class MemoryStore:
         prompt_tokens: int,
         cached_tokens: int,
         now: float,
+        releases: Releases = None,
     ) -> None:
-        self.report(tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens, now)
+        self.report(tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens, now, releases)
 
     async def aping(self) -> None:
         return None

@@ -8,7 +8,8 @@ degraded mode instead of stacking timeouts.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, TypeVar
+from functools import lru_cache
+from typing import Any, Callable, Mapping, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -22,8 +23,10 @@ from agent_cache.store.base import (
     DEFAULT_PREFIX,
     DEFAULT_SESSION_TTL,
     DEFAULT_TEMPLATE_WINDOW,
+    Releases,
     RouteQuery,
     RouteResult,
+    WorkerSpec,
     to_ms,
 )
 
@@ -92,6 +95,8 @@ class RedisStore:
     ``redis+cluster://host:port`` (or ``cluster=True``). Pass ``client`` /
     ``async_client`` to bring your own redis-py clients.
     """
+
+    round_trip = True  # every call costs a network round trip: the router batches releases
 
     def __init__(
         self,
@@ -202,19 +207,18 @@ class RedisStore:
 
     # --- argument builders (shared by both faces) --------------------------------
 
-    def _route_args(self, q: RouteQuery, policy: Policy, now: float) -> tuple[list[str], list[Any]]:
+    def _route_args(
+        self, q: RouteQuery, policy: Policy, now: float, releases: Releases
+    ) -> tuple[list[str], list[Any]]:
         tid = q.template_id or ""
         k = [keys.session(self.prefix, q.tenant, q.session_id), keys.template(self.prefix, q.tenant, tid)]
         args: list[Any] = [
             self._tag, keys.member(q.tenant, q.session_id), tid, q.pool, q.tenant, q.session_id,
             to_ms(now), to_ms(self.session_ttl), to_ms(self.template_window),
-            repr(float(policy.epsilon)), repr(float(policy.slack)), repr(float(policy.move_factor)),
-            repr(float(policy.kv_weight)), int(q.prompt_tokens_estimate), keys.member(q.tenant, tid),
-            len(q.workers),
+            *_policy_args(policy), int(q.prompt_tokens_estimate), keys.member(q.tenant, tid),
+            _workers_arg(q.workers),
         ]  # fmt: skip
-        for w in q.workers:
-            args += [w.url, w.state, int(w.capacity)]
-        return k, args
+        return k, args + _release_args(releases)
 
     @staticmethod
     def _route_result(raw: list[Any]) -> RouteResult:
@@ -222,7 +226,8 @@ class RedisStore:
         return RouteResult(worker or None, outcome, int(epoch), previous or None)
 
     def _report_args(
-        self, tenant: str, sid: str, worker: str, epoch: int, tid: str | None, p: int, c: int, now: float
+        self, tenant: str, sid: str, worker: str, epoch: int, tid: str | None, p: int, c: int, now: float,
+        releases: Releases,
     ) -> tuple[list[str], list[Any]]:
         t = tid or ""
         k = [
@@ -231,16 +236,20 @@ class RedisStore:
             keys.template_stats(self.prefix, tenant, t),
         ]
         args = [self._tag, keys.member(tenant, sid), worker, int(epoch), t, keys.member(tenant, t), int(p), int(c), to_ms(now)]
-        return k, args
+        return k, args + _release_args(releases)
 
     # --- sync face ----------------------------------------------------------------
 
-    def route(self, query: RouteQuery, policy: Policy, now: float) -> RouteResult:
-        k, a = self._route_args(query, policy, now)
+    def route(self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None) -> RouteResult:
+        k, a = self._route_args(query, policy, now, releases)
         return self._route_result(self._call(lambda: self._route(keys=k, args=a)))
 
     def release(self, worker: str, now: float) -> None:
-        self._call(lambda: self._release(keys=[keys.worker(self.prefix, worker)], args=[]))
+        self.release_many({worker: 1}, now)
+
+    def release_many(self, releases: Mapping[str, int], now: float) -> None:
+        if releases:
+            self._call(lambda: self._release(keys=[], args=[self._tag, *_release_args(releases)]))
 
     def report(
         self,
@@ -252,8 +261,11 @@ class RedisStore:
         prompt_tokens: int,
         cached_tokens: int,
         now: float,
+        releases: Releases = None,
     ) -> None:
-        k, a = self._report_args(tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens, now)
+        k, a = self._report_args(
+            tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens, now, releases
+        )
         self._call(lambda: self._report(keys=k, args=a))
 
     def get_session(self, tenant: str, session_id: str, now: float) -> dict[str, Any] | None:
@@ -308,14 +320,18 @@ class RedisStore:
 
     # --- async face ---------------------------------------------------------------
 
-    async def aroute(self, query: RouteQuery, policy: Policy, now: float) -> RouteResult:
+    async def aroute(self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None) -> RouteResult:
         _, (route, _, _) = self._async()
-        k, a = self._route_args(query, policy, now)
+        k, a = self._route_args(query, policy, now, releases)
         return self._route_result(await self._acall(route(keys=k, args=a)))
 
     async def arelease(self, worker: str, now: float) -> None:
-        _, (_, _, release) = self._async()
-        await self._acall(release(keys=[keys.worker(self.prefix, worker)], args=[]))
+        await self.arelease_many({worker: 1}, now)
+
+    async def arelease_many(self, releases: Mapping[str, int], now: float) -> None:
+        if releases:
+            _, (_, _, release) = self._async()
+            await self._acall(release(keys=[], args=[self._tag, *_release_args(releases)]))
 
     async def areport(
         self,
@@ -327,9 +343,12 @@ class RedisStore:
         prompt_tokens: int,
         cached_tokens: int,
         now: float,
+        releases: Releases = None,
     ) -> None:
         _, (_, report, _) = self._async()
-        k, a = self._report_args(tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens, now)
+        k, a = self._report_args(
+            tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens, now, releases
+        )
         await self._acall(report(keys=k, args=a))
 
     async def aping(self) -> None:
@@ -344,7 +363,27 @@ class RedisStore:
 
 _INT_FIELDS = (
     "created", "last_seen", "steps", "prompt_tokens", "cached_tokens", "last_cached", "prev_cached", "epoch",
+    "held",
 )  # fmt: skip
+
+
+@lru_cache(maxsize=64)
+def _policy_args(policy: Policy) -> tuple[str, ...]:
+    # repr of a float round-trips exactly, so Lua computes with the same values as Python
+    return tuple(repr(float(x)) for x in (policy.epsilon, policy.slack, policy.move_factor, policy.kv_weight))
+
+
+def _workers_arg(workers: tuple[WorkerSpec, ...]) -> str:
+    """The pool's workers as one script argument (fewer arguments to pack per call)."""
+    return "".join(f"{w.url} {w.state} {int(w.capacity)}\n" for w in workers)
+
+
+def _release_args(releases: Releases) -> list[Any]:
+    """In-flight releases as the scripts' trailing ``url, count`` argument pairs."""
+    out: list[Any] = []
+    for url, count in (releases or {}).items():
+        out += [url, int(count)]
+    return out
 
 
 def _decode_record(raw: dict[Any, Any]) -> dict[str, Any]:
@@ -359,31 +398,32 @@ def _decode_record(raw: dict[Any, Any]) -> dict[str, Any]:
 def _collect_stats(store: RedisStore, client: Any, now: float) -> dict[str, Any]:
     p = store.prefix
     now_ms = to_ms(now)
-    cutoff = now_ms - to_ms(store.session_ttl)
     window = now_ms - to_ms(store.template_window)
     workers = sorted(m.decode() for m in client.smembers(keys.workers_set(p)))
     templates = sorted(m.decode() for m in client.smembers(keys.templates_set(p)))
     pipe = client.pipeline(transaction=False)
+    pipe.hgetall(keys.inflight(p))
+    pipe.hgetall(keys.kv_tokens(p))
     for url in workers:
         pipe.hgetall(keys.worker(p, url))
-        pipe.zcount(keys.worker_sessions(p, url), cutoff, "+inf")
     for tm in templates:
         tenant_enc, _, tid = tm.partition(":")
         tenant = unquote(tenant_enc)
         pipe.zrangebyscore(keys.template(p, tenant, tid), window, "+inf")
         pipe.hgetall(keys.template_stats(p, tenant, tid))
     pipe.hgetall(keys.outcomes(p))
-    res = pipe.execute()
+    inflight, kv, *res = pipe.execute()
     out_workers: dict[str, Any] = {}
     for i, url in enumerate(workers):
-        h = {k.decode(): v.decode() for k, v in res[2 * i].items()}
+        h = {k.decode(): v.decode() for k, v in res[i].items()}
+        key = url.encode()
         out_workers[url] = {
             "state": h.get("state", "up"), "capacity": int(h.get("capacity", 0)),
-            "sessions": int(res[2 * i + 1]), "inflight": int(h.get("inflight", 0)),
-            "kv_tokens": int(h.get("kv_tokens", 0)), "prompt_tokens": int(h.get("prompt_tokens", 0)),
+            "sessions": int(h.get("sessions", 0)), "inflight": int(inflight.get(key, 0)),
+            "kv_tokens": int(kv.get(key, 0)), "prompt_tokens": int(h.get("prompt_tokens", 0)),
             "cached_tokens": int(h.get("cached_tokens", 0)),
         }  # fmt: skip
-    base = 2 * len(workers)
+    base = len(workers)
     out_templates: dict[str, Any] = {}
     for j, tm in enumerate(templates):
         tenant_enc, _, tid = tm.partition(":")

@@ -171,7 +171,12 @@ def test_inflight_released_after_an_outage_that_began_mid_call(redis_server, pre
     router.done(degraded)
     redis_server.start()
     router.availability.succeeded()  # skip the reconnect backoff
-    router.done(router.route(RouteRequest("after")))
+    after = router.route(RouteRequest("after"))  # carries the releases owed since the outage
+    workers = router.store.stats(time.time())["workers"]
+    assert [w["inflight"] for w in workers.values()].count(1) == 1, workers  # only "after" is in flight
+    assert sum(w["inflight"] for w in workers.values()) == 1, workers
+    router.done(after)
+    router.flush()
     workers = router.store.stats(time.time())["workers"]
     assert all(w["inflight"] == 0 for w in workers.values()), workers
     router.close()

@@ -50,8 +50,10 @@ def test_idle_session_expires_with_injected_clock():
     st.route(q("s1"), P, 59.0)  # use refreshes the TTL
     assert st.get_session("default", "s1", 118.0) is not None
     assert st.get_session("default", "s1", 120.0) is None
+    assert st.stats(120.0)["workers"][r.worker]["kv_tokens"] == 500  # reads never write
+    st.route(q("s2"), P, 120.0)  # the next decision purges what expired
     stats = st.stats(120.0)
-    assert stats["sessions"] == 0 and stats["workers"][r.worker]["kv_tokens"] == 0
+    assert stats["sessions"] == 1 and stats["workers"][r.worker]["kv_tokens"] == 0
 
 
 def test_move_on_unhealthy_bumps_epoch_and_moves_tokens():

@@ -1,0 +1,102 @@
+"""A finished call's in-flight release rides on the next store write: one round trip per call."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+
+from agent_cache.errors import ConfigError
+from agent_cache.routing import RouteRequest, Router
+from agent_cache.store import RedisStore
+
+URLS = [f"http://10.0.0.{i}:30000" for i in range(1, 5)]
+
+
+def _script_calls(url: str) -> int:
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.info("commandstats").get("cmdstat_evalsha", {"calls": 0})["calls"])
+    finally:
+        client.close()
+
+
+def _inflight(url: str, prefix: str) -> int:
+    store = RedisStore(url, prefix=prefix)
+    try:
+        return sum(w["inflight"] for w in store.stats(time.time())["workers"].values())
+    finally:
+        store.close()
+
+
+def test_route_and_done_cost_one_round_trip(redis_server, prefix):
+    router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None, release_delay=60.0)
+    router.route(RouteRequest("warm"))  # loads the script
+    before = _script_calls(redis_server.url)
+    for i in range(200):
+        router.done(router.route(RouteRequest(f"s{i % 40}", template_id="t")))
+    assert _script_calls(redis_server.url) - before == 200
+    # every release but the last was written by the next decision; the last waits
+    assert _inflight(redis_server.url, prefix) == 2  # "warm" (never done) and the 200th call
+    router.flush()
+    assert _inflight(redis_server.url, prefix) == 1
+    router.close()
+
+
+def test_report_carries_pending_releases(redis_server, prefix):
+    router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None, release_delay=60.0)
+    placement = router.route(RouteRequest("s1", template_id="t"))
+    router.done(placement)
+    assert _inflight(redis_server.url, prefix) == 1
+    router.report(placement, prompt_tokens=100, cached_tokens=0)
+    assert _inflight(redis_server.url, prefix) == 0
+    router.close()
+
+
+def test_other_processes_see_a_release_within_the_delay(redis_server, prefix):
+    router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None, release_delay=0.05)
+    placement = router.route(RouteRequest("s1"))
+    router.done(placement)
+    deadline = time.monotonic() + 5
+    while _inflight(redis_server.url, prefix) != 0:
+        assert time.monotonic() < deadline, "the background flush never came"
+        time.sleep(0.01)
+    router.close()
+
+
+async def test_async_face_batches_too(redis_server, prefix):
+    router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None, release_delay=60.0)
+    await router.aroute(RouteRequest("warm"))
+    before = _script_calls(redis_server.url)
+
+    async def session(i: int) -> None:
+        for _ in range(5):
+            await router.adone(await router.aroute(RouteRequest(f"s{i}")))
+
+    await asyncio.gather(*(session(i) for i in range(10)))
+    assert _script_calls(redis_server.url) - before == 50
+    await router.aflush()
+    assert _inflight(redis_server.url, prefix) == 1  # "warm"
+    router.close()
+
+
+def test_close_writes_pending_releases(redis_server, prefix):
+    router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None, release_delay=60.0)
+    router.done(router.route(RouteRequest("s1")))
+    router.close()
+    assert _inflight(redis_server.url, prefix) == 0
+
+
+def test_zero_delay_releases_at_once(redis_server, prefix):
+    router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None, release_delay=0)
+    router.done(router.route(RouteRequest("s1")))
+    assert _inflight(redis_server.url, prefix) == 0
+    router.close()
+
+
+@pytest.mark.parametrize("bad", [-1, "soon"])
+def test_bad_release_delay(bad):
+    with pytest.raises(ConfigError, match="release_delay"):
+        Router(URLS, probe_interval=None, release_delay=bad)
