@@ -64,7 +64,8 @@ class ReleaseFlusher:
                 if self._thread is None or not self._thread.is_alive():
                     self._thread = threading.Thread(target=self._run, name="agent-cache-release", daemon=True)
                     self._thread.start()
-        self._kicked.set()
+        if not self._kicked.is_set():  # set() takes a lock: skip it while a flush is already due
+            self._kicked.set()
 
     def _run(self) -> None:
         while not self._stopped.is_set():
