@@ -129,7 +129,8 @@ def _add_stats(sub: argparse._SubParsersAction) -> None:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     # listed for --help; main() hands the arguments to agent_cache.bench.runner
-    sub.add_parser("bench", help="compare routing policies on simulated agent workloads (see bench --help)")
+    sub.add_parser("bench", help="compare routing policies on agent workloads: fleet simulation (--engine sim) "
+                   "or real processes with the smg gateway (--engine real); see bench --help")
 
 
 def build_parser() -> argparse.ArgumentParser:

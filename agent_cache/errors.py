@@ -151,3 +151,10 @@ class TraceFormatError(AgentCacheError, ValueError):
         self.path = path
         self.line = line
         super().__init__(f"{path}:{line}: {message}")
+
+
+class BenchProcessError(AgentCacheError):
+    """A process of the real-process benchmark (simulated worker, Redis, smg, load replica) failed.
+
+    The message names the process and carries the tail of its log.
+    """

@@ -1,4 +1,4 @@
-"""Metrics, results.json / results.md, and plots of a fleet-simulation run."""
+"""Metrics, results.json / results.md, and plots of a benchmark run (sim or real engine)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,22 @@ _COLUMNS = (
     ("kv_gb", "peak KV (GB)", "{:.1f}"),
     ("load_imbalance", "imbalance", "{:.2f}"),
     ("moves", "moves", "{:d}"),
+)
+
+# Columns of the real-process engine's results.md (no oracle there; KV is what the caches hold at the end)
+REAL_COLUMNS = (
+    ("token_hit_rate", "hit rate", "{:.1%}"),
+    ("ttft_p50_s", "TTFT p50 (ms)", "ms"),
+    ("ttft_p95_s", "p95 (ms)", "ms"),
+    ("ttft_p99_s", "p99 (ms)", "ms"),
+    ("mean_session_latency_s", "session (s)", "{:.2f}"),
+    ("throughput_sessions_per_s", "sessions/s", "{:.2f}"),
+    ("prompt_tokens_per_s", "prompt tok/s", "{:,.0f}"),
+    ("kv_gb", "KV held (GB)", "{:.1f}"),
+    ("load_imbalance", "imbalance", "{:.2f}"),
+    ("moves", "moves", "{:d}"),
+    ("sessions_on_one_worker", "one-worker sessions", "{:.0%}"),
+    ("errors", "errors", "{:d}"),
 )
 
 
@@ -68,13 +84,13 @@ def all_metrics(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
     return {r.policy: metrics(r, ohit) for r in results}
 
 
-def markdown_table(policies: Mapping[str, Mapping[str, Any]]) -> str:
-    head = "| policy | " + " | ".join(h for _, h, _ in _COLUMNS) + " |"
-    sep = "| --- |" + " ---: |" * len(_COLUMNS)
+def markdown_table(policies: Mapping[str, Mapping[str, Any]], columns: Sequence[tuple[str, str, str]] = _COLUMNS) -> str:
+    head = "| policy | " + " | ".join(h for _, h, _ in columns) + " |"
+    sep = "| --- |" + " ---: |" * len(columns)
     rows = [head, sep]
     for name, m in policies.items():
         cells = []
-        for key, _, fmt in _COLUMNS:
+        for key, _, fmt in columns:
             v = m.get(key, 0)
             if v is None:
                 cells.append("n/a")
@@ -86,6 +102,8 @@ def markdown_table(policies: Mapping[str, Mapping[str, Any]]) -> str:
 
 def results_markdown(doc: Mapping[str, Any]) -> str:
     cfg = doc["config"]
+    if cfg.get("engine") == "real":
+        return _real_markdown(doc)
     lines = ["# Fleet simulation results", "",
              "All figures come from the virtual-clock fleet simulator (latency model of "
              "`agent_cache.sim.latency`), not from GPUs.", "",
@@ -96,6 +114,21 @@ def results_markdown(doc: Mapping[str, Any]) -> str:
         sweep = doc.get(key)
         if sweep:
             lines += [f"## {title}", "", _sweep_table(sweep), ""]
+    return "\n".join(lines)
+
+
+def _real_markdown(doc: Mapping[str, Any]) -> str:
+    cfg = doc["config"]
+    lines = ["# Real-process benchmark results", "",
+             f"Real processes on this machine ({cfg.get('cpu_count')} CPUs, shared): {cfg['workers']} simulated SGLang "
+             "workers (`agent-cache sim-worker`: a real radix cache; latency from the simulator's latency model "
+             f"`agent_cache.sim.latency` at time scale {cfg['time_scale']:g}, not GPUs), a real Redis, "
+             f"{cfg['replicas']} router replica process(es) driving closed-loop sessions from an async client, and "
+             f"the real smg gateway {cfg.get('smg_version') or '(not installed: smg policies skipped)'} in front of "
+             "the same workers for the `smg-*` policies. Hit rates are the workers' reported `cached_tokens`; "
+             "latencies are measured at the client. `oracle` and `no-cache` exist only in the sim engine.", "",
+             "Config: " + ", ".join(f"{k}={v}" for k, v in cfg.items() if not isinstance(v, (dict, list))), "",
+             markdown_table(doc["policies"], REAL_COLUMNS)]
     return "\n".join(lines)
 
 
@@ -154,6 +187,7 @@ def _save(fig: Any, path: str) -> None:
 
 def write_plots(out_dir: str, ttfts: Mapping[str, Sequence[float]], doc: Mapping[str, Any]) -> list[str]:
     """PNG plots; returns their paths, or [] with a message when matplotlib is missing."""
+    kind = "real processes, simulated workers" if doc["config"].get("engine") == "real" else "simulated"
     try:
         plt = _pyplot()
     except ImportError:
@@ -170,7 +204,7 @@ def write_plots(out_dir: str, ttfts: Mapping[str, Sequence[float]], doc: Mapping
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (ms, log scale)")
     ax.set_ylabel("fraction of calls")
-    ax.set_title("TTFT CDF per policy (simulated)")
+    ax.set_title(f"TTFT CDF per policy ({kind})")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     p = os.path.join(out_dir, "ttft_cdf.png")

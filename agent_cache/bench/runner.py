@@ -1,6 +1,11 @@
-"""``agent-cache bench``: compare routing policies on a simulated SGLang fleet.
+"""``agent-cache bench``: compare routing policies on agent workloads.
 
-Presets:
+Two engines: ``--engine sim`` (default), a virtual-clock fleet simulation
+(:mod:`agent_cache.bench.fleetsim`); ``--engine real``, real processes:
+simulated worker servers, Redis, router replica processes and the smg
+gateway (:mod:`agent_cache.bench.realengine`, which has its own presets).
+
+Presets of the sim engine:
 
 * ``quick``: 8 workers, 300 ReAct sessions, every policy, small sweeps
   (under 2 minutes on 2 cores);
@@ -15,16 +20,20 @@ as well as ``agent-cache bench``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from agent_cache.bench import report
 from agent_cache.bench.fleetsim import FleetConfig, RunResult, simulate, stderr_progress
 from agent_cache.bench.policies import POLICIES, make_policies
+from agent_cache.bench.realload import REAL_POLICIES
 from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate, load_trace
 from agent_cache.errors import AgentCacheError, ConfigError
 
@@ -56,24 +65,36 @@ PRESETS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="agent-cache bench",
-                                description="Compare routing policies on a simulated SGLang fleet (virtual clock).")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="quick")
+    p = argparse.ArgumentParser(
+        prog="agent-cache bench",
+        description="Compare routing policies on agent workloads: a virtual-clock fleet simulation (--engine sim) "
+                    "or real processes (--engine real: simulated SGLang worker servers, Redis, router replica "
+                    "processes and the real smg gateway; oracle and no-cache exist only in the sim engine).")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="quick",
+                   help="sim: quick 8 workers/300 sessions, full 16/3,000, seed no-cache vs agent-cache; "
+                        "real: quick 4 workers/32 sessions, full 8/200, seed 4/60 on a loaded fleet")
     p.add_argument("--engine", choices=("sim", "real"), default="sim",
-                   help="sim: virtual-clock fleet simulation (real: not built yet)")
+                   help="sim: virtual-clock fleet simulation; real: real processes (simulated workers, Redis, smg)")
     p.add_argument("--trace", metavar="FILE", help="replay sessions of a JSONL trace instead of generated ones")
     p.add_argument("--workload", choices=("react", "reflexion"), help="generated workload kind (default: preset's)")
     p.add_argument("--workers", type=int, help="workers in the fleet")
-    p.add_argument("--replicas", type=int, default=1, help="router replicas (policies with local state)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="router replicas (sim: policies with local state; real: load-generating router processes)")
     p.add_argument("--sessions", type=int, help="sessions in the main comparison")
     p.add_argument("--rate", type=float, help="offered load in sessions/s")
     p.add_argument("--capacity-tokens", type=int, help="KV cache capacity per worker, in tokens")
     p.add_argument("--page-size", type=int, default=1, help="radix cache page size in tokens")
     p.add_argument("--arrivals", choices=("poisson", "bursty"), default="poisson")
-    p.add_argument("--policies", help="comma-separated subset of: " + ", ".join(ALL_POLICIES))
+    p.add_argument("--policies", help="comma-separated subset of: " + ", ".join(ALL_POLICIES)
+                   + " (sim engine); " + ", ".join(REAL_POLICIES) + " (real engine)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench-results", metavar="DIR")
-    p.add_argument("--no-sweeps", action="store_true", help="skip the capacity and offered-load sweeps")
+    p.add_argument("--no-sweeps", action="store_true", help="skip the capacity and offered-load sweeps (sim engine)")
+    p.add_argument("--redis", metavar="URL", help="real engine: Redis for agent-cache's metadata (default: a private "
+                   "redis-server); the run's keys are deleted at the end")
+    p.add_argument("--time-scale", type=float, metavar="S",
+                   help="real engine: the simulated workers' latency model x S (1 = real time, 0 = instant; "
+                        "default: the preset's)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
@@ -87,12 +108,20 @@ def _positive(name: str, value: float | None) -> None:
 def _check(args: argparse.Namespace) -> None:
     for flag in ("workers", "replicas", "sessions", "rate", "capacity_tokens", "page_size"):
         _positive("--" + flag.replace("_", "-"), getattr(args, flag))
+    if args.trace and not os.path.isfile(args.trace):
+        raise ConfigError("--trace", f"no such file: {args.trace}")
+    if args.engine == "real":
+        from agent_cache.bench import realengine
+
+        realengine.check(args)
+        return
+    for flag in ("redis", "time_scale"):
+        if getattr(args, flag) is not None:
+            raise ConfigError("--" + flag.replace("_", "-"), "applies only to --engine real")
     if args.policies:
         unknown = [n for n in args.policies.split(",") if n.strip() not in POLICIES]
         if unknown:
             raise ConfigError("--policies", f"unknown {', '.join(unknown)}; choose from {', '.join(ALL_POLICIES)}")
-    if args.trace and not os.path.isfile(args.trace):
-        raise ConfigError("--trace", f"no such file: {args.trace}")
 
 
 def _workload(args: argparse.Namespace, preset: Preset, sessions: int, rate: float) -> list[SessionSpec]:
@@ -173,6 +202,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
+@contextlib.contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit (so ``finally`` blocks run) while the real engine runs in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _exit(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main_bench(argv: list[str] | None = None) -> int:
     """Entry point of ``agent-cache bench``; returns the exit status."""
     parser = build_parser()
@@ -180,20 +226,23 @@ def main_bench(argv: list[str] | None = None) -> int:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as e:  # bad choices (argparse printed which flag) or --help
         return int(e.code or 0)
-    if args.engine == "real":
-        print("agent-cache bench: not implemented yet: the real-process engine (simulated worker servers, "
-              "Redis, smg) is not built; use --engine sim", file=sys.stderr)
-        return 2
     try:
         _check(args)
-        doc = run(args)
+        if args.engine == "real":
+            from agent_cache.bench import realengine
+
+            with _sigterm_as_exit():  # a killed run still stops its processes
+                doc = realengine.run(args)
+        else:
+            doc = run(args)
     except ConfigError as e:
         print(f"agent-cache bench: {e}", file=sys.stderr)
         return 2
-    except AgentCacheError as e:  # e.g. TraceFormatError
+    except AgentCacheError as e:  # e.g. TraceFormatError, BenchProcessError
         print(f"agent-cache bench: {e}", file=sys.stderr)
         return 1
-    print(report.markdown_table(doc["policies"]), end="")
+    columns = report.REAL_COLUMNS if args.engine == "real" else report._COLUMNS
+    print(report.markdown_table(doc["policies"], columns), end="")
     return 0
 
 

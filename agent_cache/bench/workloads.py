@@ -11,6 +11,16 @@ Each call carries its prompt in two token forms:
 * ``tmpl``: what agent-cache sends after ``Templater("templatize")``
   (volatile values moved to a small system message after the stable part).
 
+For the real-process engine, :meth:`SessionSpec.start` with ``chat=True``
+also gives each call its chat form (:class:`ChatCall`): the OpenAI messages
+a client without templates sends, from the same random draws, so both
+engines run the same sessions. Conversation content becomes text through a
+fixed map from token id to a word that is one cl100k token (a leading space
+and 3-10 lowercase letters): n ids give n words and n tokens, and identical
+ids give identical text, so the text form shares prefixes exactly where the
+token form does. agent-cache's templated form is made at send time by the
+real Templater, as ``ChatSGLang`` does.
+
 Token ids follow the simulated worker's chat template
 (:mod:`agent_cache.sim.chat_template`: each segment encoded on its own, then
 concatenated). For speed with 10^4+ sessions, generated sessions do not
@@ -56,6 +66,16 @@ def _segment(role: str, ids: Sequence[int]) -> list[int]:
 
 
 @dataclass(frozen=True)
+class ChatCall:
+    """The chat form of a call: what a client without templates sends, and what the model answers."""
+
+    messages: tuple[dict, ...]  # OpenAI chat messages (shared between calls: do not mutate)
+    tools: tuple[dict, ...] | None
+    output: str  # the completion the simulated worker is asked to produce (its ``sim_output``)
+    output_tokens: int  # max_tokens for the call
+
+
+@dataclass(frozen=True)
 class CallSpec:
     """One LLM call: prompt in both forms, the output, and the pause before it."""
 
@@ -65,6 +85,7 @@ class CallSpec:
     raw_template: str  # template id with templates off (distinct per session when the prompt is volatile)
     tmpl_template: str  # template id after templatize (shared by the sessions of one agent)
     think_s: float  # delay after the previous call returned (tool time); 0 for the first call
+    chat: ChatCall | None = None  # only from start(chat=True)
 
 
 class SessionSpec:
@@ -74,8 +95,32 @@ class SessionSpec:
     tenant: str
     arrival_s: float
 
-    def start(self) -> Iterator[CallSpec]:  # pragma: no cover - interface
+    def start(self, chat: bool = False) -> Iterator[CallSpec]:  # pragma: no cover - interface
+        """The calls, in order; with ``chat``, each also carries its :class:`ChatCall`."""
         raise NotImplementedError
+
+
+@lru_cache(maxsize=1)
+def _word_list() -> tuple[str, ...]:
+    from agent_cache.sim.chat_template import encoding
+
+    enc = encoding()
+    out = []
+    for i in range(100_000):
+        try:
+            b = enc.decode_single_token_bytes(i)
+        except KeyError:
+            continue
+        if 4 <= len(b) <= 11 and b[:1] == b" " and b[1:].isalpha() and b[1:].islower() and b[1:].isascii():
+            out.append(b.decode())
+    return tuple(out)
+
+
+def words(ids: Sequence[int]) -> str:
+    """Text for token ids: one single-token word per id (see the module docstring)."""
+    w = _word_list()
+    n = len(w)
+    return "".join([w[i % n] for i in ids])
 
 
 # --- generated workloads -----------------------------------------------------
@@ -188,15 +233,23 @@ class _GenSession(SessionSpec):
     seed: int
     params: WorkloadParams = field(repr=False)
     heads: tuple = field(repr=False)  # per family: (raw, tmpl, raw_tid, tmpl_tid)
+    header: str = field(default="", repr=False)  # the session's volatile system-prompt header
+    families: tuple = field(default=(), repr=False)  # the _Family of each head
 
-    def start(self) -> Iterator[CallSpec]:
+    def start(self, chat: bool = False) -> Iterator[CallSpec]:
         rng = random.Random(self.seed)
         p = self.params
         question = rng.choices(_VOCAB, k=p.question_tokens)
         if self.kind == "react":
-            yield from self._react(rng, p, self.heads[0], question, [], first=True)
+            yield from self._react(rng, p, self.heads[0], question, [], first=True, chat=self._chat_head(0, chat))
         else:
-            yield from self._reflexion(rng, p, question)
+            yield from self._reflexion(rng, p, question, chat)
+
+    def _chat_head(self, i: int, chat: bool) -> tuple[str, tuple[dict, ...]] | None:
+        if not chat:
+            return None
+        fam = self.families[i]
+        return (self.header + "\n\n" + fam.text if self.header else fam.text), fam.tools
 
     def _ids(self, rng: random.Random, mean: int) -> list[int]:
         n = min(max(1, int(rng.expovariate(1.0 / mean))), 4 * mean) if mean > 0 else 0
@@ -204,35 +257,47 @@ class _GenSession(SessionSpec):
         return _POOL[off:off + n]
 
     def _react(self, rng: random.Random, p: WorkloadParams, head: tuple, question: list[int],
-               reflections: list[list[int]], first: bool, trajectory: list[int] | None = None) -> Iterator[CallSpec]:
+               reflections: list[list[int]], first: bool, trajectory: list[int] | None = None,
+               chat: tuple[str, tuple[dict, ...]] | None = None) -> Iterator[CallSpec]:
         raw_head, tmpl_head, raw_tid, tmpl_tid = head
         user = list(question)
         for r in reflections:
             user += r
         body = _segment("user", user)
+        # chat form: observations come back as user messages (text ReAct), which any gateway accepts
+        msgs = None if chat is None else [{"role": "system", "content": chat[0]}, {"role": "user", "content": words(user)}]
         # calls per task: 1 + Poisson(mean - 1), so the mean is mean_calls
         n_calls = 1 + _poisson(rng, max(0.0, p.mean_calls - 1))
         for k in range(min(n_calls, 12)):
             out = self._ids(rng, p.output_tokens)
             prompt = body + list(GEN_PROMPT)
+            cc = None if msgs is None else ChatCall(tuple(msgs), chat[1] if chat else None, words(out), len(out))
             yield CallSpec(list(raw_head) + prompt, list(tmpl_head) + prompt, out, raw_tid, tmpl_tid,
-                           0.0 if (first and k == 0) else rng.expovariate(1.0 / p.think_s) if p.think_s > 0 else 0.0)
+                           0.0 if (first and k == 0) else rng.expovariate(1.0 / p.think_s) if p.think_s > 0 else 0.0,
+                           cc)
             obs = self._ids(rng, p.observation_tokens)
             body += _segment("assistant", out) + _segment("tool", obs)
+            if msgs is not None and cc is not None:
+                msgs += [{"role": "assistant", "content": cc.output}, {"role": "user", "content": "Observation:" + words(obs)}]
             if trajectory is not None:
                 trajectory += out + obs
 
-    def _reflexion(self, rng: random.Random, p: WorkloadParams, question: list[int]) -> Iterator[CallSpec]:
+    def _reflexion(self, rng: random.Random, p: WorkloadParams, question: list[int], chat: bool) -> Iterator[CallSpec]:
         reflections: list[list[int]] = []
         for trial in range(p.max_trials):
             trajectory: list[int] = []
-            yield from self._react(rng, p, self.heads[0], question, reflections, first=trial == 0, trajectory=trajectory)
+            yield from self._react(rng, p, self.heads[0], question, reflections, first=trial == 0, trajectory=trajectory,
+                                   chat=self._chat_head(0, chat))
             if trial == p.max_trials - 1 or rng.random() < p.trial_success:
                 return
             raw_head, tmpl_head, raw_tid, tmpl_tid = self.heads[1]
             prompt = _segment("user", question + trajectory) + list(GEN_PROMPT)
             out = self._ids(rng, p.reflection_tokens)
-            yield CallSpec(list(raw_head) + prompt, list(tmpl_head) + prompt, out, raw_tid, tmpl_tid, 0.0)
+            head = self._chat_head(1, chat)
+            cc = None if head is None else ChatCall(
+                ({"role": "system", "content": head[0]}, {"role": "user", "content": words(question + trajectory)}),
+                head[1], words(out), len(out))
+            yield CallSpec(list(raw_head) + prompt, list(tmpl_head) + prompt, out, raw_tid, tmpl_tid, 0.0, cc)
             reflections.append(out)
 
 
@@ -290,7 +355,7 @@ def generate(params: WorkloadParams) -> list[SessionSpec]:
                       f"You are assisting user{rng.randrange(10**6):06d}@example.com.")
         sid = f"s{n:06d}"
         out.append(_GenSession(sid, fams[0].tenant, t, params.kind, rng.randrange(2**63), params,
-                               tuple(heads.build(f, header) for f in fams)))
+                               tuple(heads.build(f, header) for f in fams), header, tuple(fams)))
     return out
 
 
@@ -312,6 +377,7 @@ class _TraceCall:
     raw_template: str
     tmpl_template: str
     gap_s: float | None
+    chat: ChatCall | None = None  # kept by load_trace(chat=True)
 
 
 @dataclass(frozen=True)
@@ -323,7 +389,9 @@ class _TraceSession(SessionSpec):
     think_s: float = 0.3
     seed: int = 0
 
-    def start(self) -> Iterator[CallSpec]:
+    def start(self, chat: bool = False) -> Iterator[CallSpec]:
+        if chat and self.calls and self.calls[0].chat is None:
+            raise ConfigError("trace", "the chat form of a trace needs load_trace(..., chat=True)")
         rng = random.Random(self.seed)
         for k, c in enumerate(self.calls):
             out = list(c.output)
@@ -331,16 +399,19 @@ class _TraceSession(SessionSpec):
                 out += [_VOCAB[0]] * (c.n_out - len(out))
             think = 0.0 if k == 0 else (c.gap_s if c.gap_s is not None else rng.expovariate(1.0 / self.think_s))
             raw = list(c.raw)
-            yield CallSpec(raw, raw if c.tmpl is None else list(c.tmpl), out, c.raw_template, c.tmpl_template, think)
+            yield CallSpec(raw, raw if c.tmpl is None else list(c.tmpl), out, c.raw_template, c.tmpl_template, think,
+                           c.chat if chat else None)
 
 
 def load_trace(path: str, *, sessions: int | None = None, rate: float = 2.0, think_s: float = 0.3,
-               arrivals: str = "poisson", seed: int = 0) -> list[SessionSpec]:
+               arrivals: str = "poisson", seed: int = 0, chat: bool = False) -> list[SessionSpec]:
     """Sessions of a trace file, closed-loop, with the recorded outputs.
 
     The first ``sessions`` sessions (file order) are kept. When calls carry
     ``t``, sessions start at their recorded first ``t`` and call k+1 waits its
     recorded gap after call k returns; otherwise arrivals are generated.
+    ``chat``: also keep each call's recorded messages and output text (the
+    real-process engine sends them as they are).
     """
     from agent_cache.bench.trace import iter_trace
 
@@ -368,9 +439,10 @@ def load_trace(path: str, *, sessions: int | None = None, rate: float = 2.0, thi
             gap = None
             if k > 0 and c.t is not None and calls[k - 1].t is not None:
                 gap = max(0.0, c.t - calls[k - 1].t)
+            n_out = c.output_tokens if c.output_tokens is not None else max(1, len(out_ids))
+            cc = ChatCall(tuple(c.messages), None, c.output, len(out_ids) or 1) if chat else None
             specs.append(_TraceCall(array("I", raw), None if tmpl == raw else array("I", tmpl), array("I", out_ids),
-                                    c.output_tokens if c.output_tokens is not None else max(1, len(out_ids)),
-                                    f"{c.agent}:{n_off.template_id}", f"{c.agent}:{n_tm.template_id}", gap))
+                                    n_out, f"{c.agent}:{n_off.template_id}", f"{c.agent}:{n_tm.template_id}", gap, cc))
         start = times[i]
         if t0 is not None and calls[0].t is not None:
             start = calls[0].t - t0

@@ -96,12 +96,6 @@ def test_bad_input_exits_2_naming_the_flag(argv, flag, tmp_path, capsys) -> None
     assert not (tmp_path / "results.json").exists()
 
 
-def test_real_engine_is_honestly_not_built(tmp_path, capsys) -> None:
-    assert main_bench(["--engine", "real", "--out", str(tmp_path)]) == 2
-    assert "not implemented yet" in capsys.readouterr().err
-    assert not (tmp_path / "results.json").exists()
-
-
 def test_module_entry_point(tmp_path) -> None:
     p = subprocess.run([sys.executable, "-m", "agent_cache.bench.runner", "--workers", "0", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)

@@ -1,0 +1,270 @@
+"""``agent-cache bench --engine real``: the policies compared with real processes.
+
+N simulated worker servers (:class:`~agent_cache.bench.realfleet.SimWorkers`),
+a real Redis (``--redis URL``, or a private ``redis-server``), K router
+replica processes driving closed-loop sessions
+(:mod:`agent_cache.bench.realload`), and the real smg gateway per ``smg-*``
+policy, in front of the same workers. Before each policy every worker's
+cache is flushed, so every policy starts cold; agent-cache policies get a
+fresh Redis key prefix. Workers' latency comes from the simulator's latency
+model (``--time-scale``; 1 = real time), not from GPUs.
+
+Presets are sized for a small machine (2 cores):
+
+* ``quick``: 4 workers, 32 ReAct sessions at 2 sessions/s, every policy
+  (a few minutes);
+* ``full``: 8 workers, 200 sessions at 4 sessions/s;
+* ``seed``: round-robin, least-load and agent-cache on 4 workers whose
+  modelled GPU is 4x slower (time scale 4), 60 sessions at 4 sessions/s:
+  a loaded fleet. ``no-cache`` and ``oracle`` exist only in the sim engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from agent_cache.bench import report
+from agent_cache.bench.realfleet import SMG_POLICIES, Processes, SimWorkers, SmgGateway, smg_version, start_redis
+from agent_cache.bench.realload import REAL_POLICIES, Job, ReplicaResult, Replicas
+from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate, load_trace
+from agent_cache.errors import ConfigError
+from agent_cache.sim.latency import DEFAULT_LATENCY
+
+SIM_ONLY = ("oracle", "no-cache")
+
+
+@dataclass(frozen=True)
+class RealPreset:
+    workers: int
+    sessions: int
+    rate: float
+    policies: tuple[str, ...] = REAL_POLICIES
+    kind: str = "react"
+    capacity_tokens: int = 200_000
+    time_scale: float = 1.0
+
+
+REAL_PRESETS = {
+    "quick": RealPreset(workers=4, sessions=32, rate=2.0),
+    "full": RealPreset(workers=8, sessions=200, rate=4.0),
+    "seed": RealPreset(workers=4, sessions=60, rate=4.0, policies=("round-robin", "least-load", "agent-cache"),
+                       time_scale=4.0),
+}
+
+
+def check(args: argparse.Namespace) -> None:
+    """Flags the real engine cannot run with (ConfigError naming the flag)."""
+    if args.policies:
+        for name in (n.strip() for n in args.policies.split(",")):
+            if name in SIM_ONLY:
+                raise ConfigError("--policies", f"{name} exists only in the sim engine (--engine sim); "
+                                  f"the real engine runs: {', '.join(REAL_POLICIES)}")
+            if name not in REAL_POLICIES:
+                raise ConfigError("--policies", f"unknown {name}; the real engine runs: {', '.join(REAL_POLICIES)}")
+            if name in SMG_POLICIES and shutil.which("smg") is None:
+                raise ConfigError("--policies", f"{name} needs the smg binary on the PATH (pip install smg)")
+    if args.time_scale is not None and args.time_scale < 0:
+        raise ConfigError("--time-scale", f"must be >= 0, got {args.time_scale}")
+    if args.workers is not None and args.workers > 64:
+        raise ConfigError("--workers", f"at most 64 worker processes, got {args.workers}")
+    if args.redis is not None:
+        _check_redis(args.redis)
+
+
+def _check_redis(url: str) -> None:
+    import redis
+
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError("--redis", f"not a Redis URL: {url!r} (redis://host:port/db)")
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (redis.RedisError, ValueError) as exc:
+        raise ConfigError("--redis", f"cannot reach {url}: {exc}") from None
+
+
+def _names(args: argparse.Namespace, preset: RealPreset, smg: str | None,
+           log: Callable[[str], None]) -> tuple[str, ...]:
+    if args.policies:
+        return tuple(n.strip() for n in args.policies.split(","))
+    if smg is None:
+        log("smg is not installed (pip install smg): the smg-* policies are skipped")
+        return tuple(n for n in preset.policies if n not in SMG_POLICIES)
+    return preset.policies
+
+
+def _workload(args: argparse.Namespace, preset: RealPreset) -> list[SessionSpec]:
+    sessions = args.sessions or preset.sessions
+    rate = args.rate or preset.rate
+    if args.trace:
+        return load_trace(args.trace, sessions=sessions, rate=rate, arrivals=args.arrivals, seed=args.seed, chat=True)
+    return generate(WorkloadParams(kind=args.workload or preset.kind, sessions=sessions, rate=rate,
+                                   arrivals=args.arrivals, seed=args.seed))
+
+
+# --- metrics -------------------------------------------------------------------------
+
+
+def _imbalance(calls: Sequence[tuple], workers: Sequence[str]) -> float:
+    """Max / mean in-flight calls over the workers, averaged over call starts."""
+    events = sorted([(c[3], 1, c[2]) for c in calls] + [(c[5], -1, c[2]) for c in calls], key=lambda e: (e[0], e[1]))
+    load = {w: 0 for w in workers}
+    total = acc = samples = 0
+    for _, d, w in events:
+        load[w] = load.get(w, 0) + d
+        total += d
+        if d > 0:
+            acc += max(load.values()) * len(load) / total
+            samples += 1
+    return acc / samples if samples else 0.0
+
+
+def metrics(results: Sequence[ReplicaResult], n_sessions: int, start: float, workers: Sequence[str],
+            kv_tokens: int, wall_s: float) -> tuple[dict[str, Any], list[float]]:
+    """The per-policy metrics of one run (and its TTFTs, for the plot)."""
+    calls = [c for r in results for c in r.calls]
+    done = [s for r in results for s in r.sessions]
+    errors = [e for r in results for e in r.errors]
+    prompt = sum(c[6] for c in calls)
+    cached = sum(c[7] for c in calls)
+    out = sum(c[8] for c in calls)
+    ttfts = [c[4] - c[3] for c in calls]
+    ttft = sorted(ttfts)
+    by_session: dict[str, list[tuple[int, str]]] = {}
+    for c in calls:
+        by_session.setdefault(c[0], []).append((c[1], c[2]))
+    moves = one_worker = 0
+    for seq in by_session.values():
+        seq.sort()
+        moves += sum(1 for a, b in zip(seq, seq[1:]) if a[1] != b[1])
+        one_worker += len({w for _, w in seq}) == 1
+    per_worker: dict[str, int] = {w: 0 for w in workers}
+    for c in calls:
+        per_worker[c[2]] = per_worker.get(c[2], 0) + 1
+    last = max((c[5] for c in calls), default=start)
+    span = max(last - start, 1e-9)
+    lat = [end - arrival for _, arrival, end in done]
+    m = {
+        "token_hit_rate": cached / prompt if prompt else 0.0,
+        "ttft_p50_s": report._pct(ttft, 0.50),
+        "ttft_p95_s": report._pct(ttft, 0.95),
+        "ttft_p99_s": report._pct(ttft, 0.99),
+        "mean_session_latency_s": sum(lat) / len(lat) if lat else 0.0,
+        "throughput_sessions_per_s": len(done) / span,
+        "prompt_tokens_per_s": prompt / span,
+        "output_tokens_per_s": out / span,
+        "kv_gb": DEFAULT_LATENCY.model.kv_gb(kv_tokens),
+        "kv_tokens": kv_tokens,
+        "load_imbalance": _imbalance(calls, workers),
+        "moves": moves,
+        "sessions_on_one_worker": one_worker / len(by_session) if by_session else 0.0,
+        "sessions": n_sessions,
+        "sessions_completed": len(done),
+        "calls": len(calls),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "output_tokens": out,
+        "errors": len(errors),
+        "error_samples": errors[:5],
+        "calls_per_worker": per_worker,
+        "wall_s": wall_s,
+    }
+    return m, ttfts
+
+
+# --- the run ---------------------------------------------------------------------------
+
+
+def _delete_keys(redis_url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match="{" + prefix + "*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i:i + 500])
+    finally:
+        client.close()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run every policy against one real fleet; write the results; return results.json's content."""
+    preset = REAL_PRESETS[args.preset]
+    log: Callable[[str], None] = (lambda m: None) if args.quiet else (
+        lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+    smg = shutil.which("smg")
+    names = _names(args, preset, smg, log)
+    n_workers = args.workers or preset.workers
+    capacity = args.capacity_tokens or preset.capacity_tokens
+    time_scale = preset.time_scale if args.time_scale is None else args.time_scale
+    k = args.replicas
+    t_begin = time.perf_counter()
+    sessions = _workload(args, preset)
+    kind = "trace" if args.trace else (args.workload or preset.kind)
+    log(f"workload: {len(sessions)} sessions ({'trace ' + args.trace if args.trace else kind}), "
+        f"built in {time.perf_counter() - t_begin:.1f} s")
+    config: dict[str, Any] = {
+        "preset": args.preset, "engine": "real", "workload": kind, "trace": args.trace, "workers": n_workers,
+        "replicas": k, "sessions": len(sessions), "rate_sessions_per_s": args.rate or preset.rate,
+        "arrivals": args.arrivals, "capacity_tokens_per_worker": capacity, "page_size": args.page_size,
+        "seed": args.seed, "time_scale": time_scale, "model": DEFAULT_LATENCY.model.name,
+        "gpu": DEFAULT_LATENCY.gpu.name, "max_running_requests": DEFAULT_LATENCY.max_running_requests,
+        "smg_version": smg_version(smg) if smg else None,
+        "redis": "given (--redis)" if args.redis else "private redis-server", "cpu_count": os.cpu_count(),
+        "sim_only_policies": list(SIM_ONLY),
+    }
+    run_prefix = f"agent-cache-bench-{uuid.uuid4().hex[:8]}"
+    policies: dict[str, Any] = {}
+    ttfts: dict[str, list[float]] = {}
+    with ExitStack() as stack:
+        procs = stack.enter_context(Processes())
+        replicas = stack.enter_context(Replicas(k))
+        log(f"starting {n_workers} simulated workers (time scale {time_scale:g}), Redis, {k} load replica(s)")
+        workers = SimWorkers(procs, n_workers, time_scale=time_scale, capacity_tokens=capacity,
+                             page_size=args.page_size, max_running_requests=DEFAULT_LATENCY.max_running_requests)
+        stack.callback(workers.close)
+        redis_url = args.redis or start_redis(procs)
+        if args.redis:
+            stack.callback(_delete_keys, redis_url, run_prefix)
+        for name in names:
+            t_policy = time.perf_counter()
+            workers.flush()
+            gateway = SmgGateway(procs, smg, SMG_POLICIES[name], workers.urls) if name in SMG_POLICIES else None
+            try:
+                t0 = time.monotonic() + 0.3
+                jobs = [Job(name, sessions[r::k], workers.urls, t0, replica=r, seed=args.seed,
+                            gateway=gateway.url if gateway else None, redis_url=redis_url,
+                            redis_prefix=f"{run_prefix}-{name}", capacity_tokens=capacity) for r in range(k)]
+
+                def progress(done: int, name: str = name) -> None:
+                    log(f"{name}: {done}/{len(sessions)} sessions")
+
+                results = replicas.run(jobs, progress)
+            finally:
+                if gateway is not None:
+                    gateway.stop()
+            workers.check()
+            start = t0 + min((s.arrival_s for s in sessions), default=0.0)
+            m, ttfts[name] = metrics(results, len(sessions), start, workers.urls, workers.kv_tokens(),
+                                     round(time.perf_counter() - t_policy, 1))
+            policies[name] = m
+            log(f"{name}: {m['sessions_completed']}/{len(sessions)} sessions, {m['calls']} calls, "
+                f"hit rate {m['token_hit_rate']:.1%}, {m['errors']} errors, {m['wall_s']:.1f} s")
+    config["wall_s"] = round(time.perf_counter() - t_begin, 1)
+    doc: dict[str, Any] = {"config": config, "policies": policies}
+    paths = report.write_results(args.out, doc)
+    if not args.no_plots:
+        paths += report.write_plots(args.out, ttfts, doc)
+    log("wrote " + ", ".join(paths))
+    return doc

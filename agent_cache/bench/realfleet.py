@@ -1,0 +1,265 @@
+"""The processes of the real-process benchmark: simulated workers, Redis, smg.
+
+Each one is a subprocess on a free loopback port that logs to a file in one
+temp directory. :class:`Processes` owns them: ``close()`` stops every one
+(terminate, then kill) and removes the directory, and the engine calls it in
+a ``finally``, so nothing is left running after a failure.
+
+* :class:`SimWorkers`: N ``agent-cache sim-worker`` processes (cache report
+  on), a simulator with a real radix cache and the latency model of
+  :mod:`agent_cache.sim.latency`, not SGLang; ``flush()`` empties every
+  cache between policies, ``kv_tokens()`` reads what the caches hold.
+* :func:`start_redis`: a private ``redis-server`` (no persistence).
+* :class:`SmgGateway`: the real smg binary with one routing policy, in front
+  of the same workers. Flags and headers are the ones ``smg launch --help``
+  and smg's documentation give (docs/benchmarks.md lists them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Sequence
+
+import httpx
+
+from agent_cache.errors import BenchProcessError
+
+MODEL = "sim-llama-3.1-8b"  # the simulated workers' served model name (their default)
+
+# smg policy per benchmark policy name
+SMG_POLICIES = {
+    "smg-cache_aware": "cache_aware",
+    "smg-consistent_hashing": "consistent_hashing",
+    "smg-prefix_hash": "prefix_hash",
+    "smg-power_of_two": "power_of_two",
+}
+# consistent_hashing reads the routing key from the headers named by --routing-key-headers
+# (smg's documented default, given explicitly); the load sends the session id in it.
+ROUTING_KEY_HEADER = "x-smg-routing-key"
+# smg names the worker that served a request in this response header (HTTP workers)
+ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """One subprocess and its log file."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_path: str) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        try:
+            self.popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=self._log,
+                                          stderr=subprocess.STDOUT)
+        except OSError as exc:
+            self._log.close()
+            raise BenchProcessError(f"{name}: cannot start {argv[0]}: {exc}") from exc
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, chars: int = 1500) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - chars))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def check(self) -> None:
+        if not self.alive():
+            raise BenchProcessError(f"{self.name} exited with status {self.popen.returncode}; "
+                                    f"log tail:\n{self.tail()}")
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds."""
+        if self.alive():
+            self.popen.terminate()
+            try:
+                self.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+        self._log.close()
+
+
+class Processes:
+    """Starts subprocesses and stops all of them (and removes their temp dir) on close."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="agent-cache-bench-")
+        self._procs: list[Proc] = []
+
+    def start(self, name: str, argv: Sequence[str]) -> Proc:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+        proc = Proc(name, argv, os.path.join(self.dir, safe + ".log"))
+        self._procs.append(proc)
+        return proc
+
+    def stop(self, proc: Proc, grace: float = 5.0) -> None:
+        proc.stop(grace)
+        if proc in self._procs:
+            self._procs.remove(proc)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs if p.alive()]
+
+    def close(self) -> None:
+        errors = []
+        for proc in reversed(self._procs):
+            try:
+                proc.stop()
+            except Exception as exc:  # keep stopping the others
+                errors.append(exc)
+        self._procs.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> "Processes":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def wait_until(ready: Callable[[], bool], procs: Sequence[Proc], what: str, timeout: float = 30.0) -> None:
+    """Poll ``ready`` until it is true; fail with the log of a process that died, or on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for p in procs:
+            p.check()
+        try:
+            if ready():
+                return
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            pass
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- {p.name}:\n{p.tail(600)}" for p in procs)
+            raise BenchProcessError(f"{what} not ready after {timeout:.0f} s\n{tails}")
+        time.sleep(0.1)
+
+
+class SimWorkers:
+    """N simulated SGLang workers (``agent-cache sim-worker``) on free loopback ports."""
+
+    def __init__(self, procs: Processes, n: int, *, time_scale: float, capacity_tokens: int, page_size: int = 1,
+                 max_running_requests: int = 64) -> None:
+        self.urls: list[str] = []
+        self._procs: list[Proc] = []
+        for i in range(n):
+            port = free_port()
+            argv = [sys.executable, "-m", "agent_cache.cli", "sim-worker", "--host", "127.0.0.1", "--port", str(port),
+                    "--served-model-name", MODEL, "--time-scale", repr(float(time_scale)),
+                    "--max-total-tokens", str(capacity_tokens), "--page-size", str(page_size),
+                    "--max-running-requests", str(max_running_requests), "--enable-cache-report",
+                    "--log-level", "warning"]
+            self._procs.append(procs.start(f"sim-worker-{i}", argv))
+            self.urls.append(f"http://127.0.0.1:{port}")
+        self._http = httpx.Client(timeout=5.0)
+
+        def healthy() -> bool:
+            return all(self._http.get(u + "/health").status_code == 200 for u in self.urls)
+
+        wait_until(healthy, self._procs, f"{n} simulated workers", timeout=60.0)
+
+    def check(self) -> None:
+        for p in self._procs:
+            p.check()
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Empty every worker's cache (a worker refuses while requests run: retried)."""
+        for url in self.urls:
+            wait_until(lambda: self._http.post(url + "/flush_cache").status_code == 200, self._procs,
+                       f"/flush_cache of {url}", timeout)
+
+    def kv_tokens(self) -> int:
+        """Tokens held by the workers' radix caches now (``/v1/loads`` num_used_tokens)."""
+        total = 0
+        for url in self.urls:
+            loads = self._http.get(url + "/v1/loads").json()["loads"]
+            total += sum(int(x.get("num_used_tokens") or 0) for x in loads)
+        return total
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def start_redis(procs: Processes) -> str:
+    """A private redis-server on a free port (no persistence); returns its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise BenchProcessError("redis-server is not on the PATH: install it or pass --redis URL")
+    import redis
+
+    port = free_port()
+    data = os.path.join(procs.dir, "redis")
+    os.makedirs(data, exist_ok=True)
+    proc = procs.start("redis-server", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                        "--appendonly", "no", "--dir", data])
+    client = redis.Redis(port=port, socket_timeout=0.5)
+    try:
+        wait_until(lambda: bool(client.ping()), [proc], "redis-server", timeout=15.0)
+    finally:
+        client.close()
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def smg_version(binary: str) -> str:
+    """``smg --version`` (e.g. ``smg 1.13.0`` -> ``1.13.0``)."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BenchProcessError(f"cannot run {binary} --version: {exc}") from exc
+    return out.split()[-1] if out else "unknown"
+
+
+def smg_argv(binary: str, policy: str, worker_urls: Sequence[str], port: int, metrics_port: int) -> list[str]:
+    """``smg launch`` command line for one policy; everything else is smg's default."""
+    argv = [binary, "launch", "--worker-urls", *worker_urls, "--policy", policy, "--host", "127.0.0.1",
+            "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+            "--log-level", "warn"]
+    if policy == "consistent_hashing":
+        argv += ["--routing-key-headers", ROUTING_KEY_HEADER]
+    return argv
+
+
+class SmgGateway:
+    """The smg gateway with one policy in front of the workers; ready when every worker is healthy in it."""
+
+    def __init__(self, procs: Processes, binary: str, policy: str, worker_urls: Sequence[str]) -> None:
+        self._procs = procs
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = procs.start(f"smg-{policy}", smg_argv(binary, policy, worker_urls, port, free_port()))
+        want = sorted(u.rstrip("/") for u in worker_urls)
+
+        def ready() -> bool:
+            workers = httpx.get(self.url + "/workers", timeout=2.0).json()["workers"]
+            return sorted(w["url"].rstrip("/") for w in workers) == want and all(w["is_healthy"] for w in workers)
+
+        try:
+            wait_until(ready, [self.proc], f"smg --policy {policy}", timeout=60.0)
+        except BaseException:
+            procs.stop(self.proc)
+            raise
+
+    def stop(self) -> None:
+        # smg drains for about 5 s on SIGTERM; nothing is in flight here, so it gets 1 s
+        self._procs.stop(self.proc, grace=1.0)

@@ -1,0 +1,414 @@
+"""Closed-loop async load of the real-process benchmark, one process per router replica.
+
+A replica drives its share of the sessions: session s starts at ``t0 +
+s.arrival_s``; call k+1 is sent when call k has returned plus its think time.
+Every call is a streamed chat completion with the call's chat form
+(:class:`agent_cache.bench.workloads.ChatCall`), asking the simulated worker
+for the workload's output (``sim_output``). Per call the replica records:
+
+* TTFT, from the moment the client starts the call (before templating and
+  the routing decision) to the first streamed content token;
+* prompt and cached tokens as the worker reports them in the usage chunk
+  (``prompt_tokens_details.cached_tokens``);
+* the worker that served it.
+
+How a call finds its worker:
+
+* ``round-robin``, ``random``, ``least-load``, ``consistent-hash``: the
+  policies of :mod:`agent_cache.bench.policies`, one state per replica;
+* ``agent-cache`` / ``agent-cache-no-templates``: the real client path
+  without LangChain: ``Templater("templatize")`` / ``Templater("off")`` per
+  tenant, then ``Router.aexecute`` over the shared Redis store (failover
+  included) and ``Router.areport`` with the reported usage;
+* ``smg-*``: the smg gateway picks; the worker is read from smg's
+  ``x-smg-routed-worker-id`` response header. ``smg-consistent_hashing``
+  sends the session id in ``x-smg-routing-key``.
+
+:class:`Replicas` runs jobs in K spawned processes, reused across policies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import multiprocessing.connection
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence
+
+import httpx
+
+from agent_cache.backends.protocol import build_chat_body, http_error, parse_chat_chunk, sse_payload
+from agent_cache.bench.realfleet import MODEL, ROUTED_WORKER_HEADER, ROUTING_KEY_HEADER, SMG_POLICIES
+from agent_cache.bench.workloads import CallSpec, ChatCall, SessionSpec
+from agent_cache.errors import (
+    AgentCacheError,
+    BenchProcessError,
+    MalformedResponseError,
+    StreamError,
+    WorkerConnectionError,
+    WorkerTimeoutError,
+)
+
+CLIENT_POLICIES = ("round-robin", "random", "least-load", "consistent-hash")
+AGENT_CACHE_POLICIES = {"agent-cache": "templatize", "agent-cache-no-templates": "off"}
+REAL_POLICIES = CLIENT_POLICIES + tuple(AGENT_CACHE_POLICIES) + tuple(SMG_POLICIES)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One policy's share of the sessions for one replica."""
+
+    policy: str
+    sessions: Sequence[SessionSpec]
+    workers: Sequence[str]
+    t0: float  # time.monotonic() of the run's time zero (system-wide clock: shared by every replica)
+    replica: int = 0
+    seed: int = 0
+    gateway: str | None = None  # smg-* policies
+    redis_url: str | None = None  # agent-cache policies
+    redis_prefix: str = "agent-cache-bench"
+    capacity_tokens: int = 200_000
+    timeout_s: float = 300.0
+
+
+# One call: (session_id, call index, worker, t_start, t_first_token, t_end, prompt, cached, output tokens)
+CallRecord = tuple[str, int, str, float, float, float, int, int, int]
+
+
+@dataclass
+class ReplicaResult:
+    calls: list[CallRecord] = field(default_factory=list)
+    # completed sessions: (session_id, arrival time (absolute, monotonic), end of its last call)
+    sessions: list[tuple[str, float, float]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # one per failed session
+
+
+@dataclass(frozen=True)
+class _Reply:
+    worker: str
+    t_first: float
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+
+
+class _Client:
+    """Streams one chat completion and measures it."""
+
+    def __init__(self, timeout: float) -> None:
+        limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), limits=limits)
+
+    async def send(self, base: str, messages: Sequence[dict], tools: Sequence[dict] | None, chat: ChatCall,
+                   extra_key: str | None = None, headers: dict[str, str] | None = None) -> _Reply:
+        body = build_chat_body(list(messages), model=MODEL, stream=True, include_usage=True, url=base,
+                               tools=list(tools) if tools else None, max_tokens=chat.output_tokens,
+                               extra_key=extra_key, extra_body={"sim_output": chat.output})
+        t_first = 0.0
+        usage = None
+        worker = base
+        try:
+            async with self.http.stream("POST", base + "/v1/chat/completions", json=body,
+                                        headers=headers) as resp:
+                if resp.status_code >= 400:
+                    raise http_error(resp.status_code, await resp.aread(), base)
+                worker = resp.headers.get(ROUTED_WORKER_HEADER, base).rstrip("/")
+                done = False
+                async for line in resp.aiter_lines():
+                    payload = sse_payload(line)
+                    if not payload:
+                        continue
+                    if payload == "[DONE]":
+                        done = True
+                        break
+                    try:
+                        data = json.loads(payload)
+                    except ValueError:
+                        raise MalformedResponseError("stream chunk is not JSON", url=base) from None
+                    chunk = parse_chat_chunk(data, base)
+                    if chunk.content and not t_first:
+                        t_first = time.monotonic()
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+                if not done:
+                    raise StreamError("stream ended without data: [DONE]", url=base)
+        except httpx.TimeoutException as exc:
+            raise WorkerTimeoutError(f"timed out: {type(exc).__name__}", url=base) from exc
+        except httpx.HTTPError as exc:
+            raise WorkerConnectionError(f"cannot reach {base}: {exc!s}", url=base) from exc
+        if usage is None:
+            raise MalformedResponseError("no usage chunk in the stream", url=base)
+        return _Reply(worker, t_first or time.monotonic(), usage.prompt_tokens, usage.cached_tokens or 0,
+                      usage.completion_tokens)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+class _ClientSide:
+    """Client-side routing with a policy of :mod:`agent_cache.bench.policies` (this replica's own state)."""
+
+    def __init__(self, job: Job, client: _Client) -> None:
+        from agent_cache.bench.policies import POLICIES
+
+        self.workers = list(job.workers)
+        self.n = len(self.workers)
+        self.capacity = job.capacity_tokens
+        self.policy = POLICIES[job.policy](self.n, 1, job.seed * 1000 + job.replica)
+        self.client = client
+        self._inflight = [0] * self.n
+
+    # FleetView of what this replica dispatched itself
+    def inflight(self, i: int) -> int:
+        return self._inflight[i]
+
+    def kv_tokens(self, i: int) -> int:
+        return 0
+
+    async def call(self, session: SessionSpec, call: CallSpec) -> _Reply:
+        chat = call.chat
+        assert chat is not None
+        i = self.policy.route(session.session_id, call.raw_template, self, 0)
+        self._inflight[i] += 1
+        try:
+            reply = await self.client.send(self.workers[i], chat.messages, chat.tools, chat)
+        finally:
+            self._inflight[i] -= 1
+        self.policy.completed(0, i, session.session_id, reply.cached_tokens)
+        return reply
+
+    def session_done(self, session_id: str) -> None:
+        self.policy.session_done(session_id)
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _AgentCache:
+    """The real Templater and Router over the shared Redis store."""
+
+    def __init__(self, job: Job, client: _Client) -> None:
+        from agent_cache.routing import Router
+
+        self.mode = AGENT_CACHE_POLICIES[job.policy]
+        self.router = Router(list(job.workers), redis_url=job.redis_url, prefix=job.redis_prefix,
+                             probe_interval=None, capacities={u: job.capacity_tokens for u in job.workers})
+        self.client = client
+        self._templaters: dict[str, Any] = {}
+
+    def _templater(self, tenant: str) -> Any:
+        from agent_cache.templates import Templater
+
+        t = self._templaters.get(tenant)
+        if t is None:
+            t = self._templaters[tenant] = Templater(self.mode, tenant=tenant)
+        return t
+
+    async def call(self, session: SessionSpec, call: CallSpec) -> _Reply:
+        from agent_cache.routing import RouteRequest
+
+        chat = call.chat
+        assert chat is not None
+        prompt = self._templater(session.tenant).normalize(chat.messages, chat.tools, session_id=session.session_id)
+        request = RouteRequest(session_id=session.session_id, template_id=prompt.template_id, tenant=session.tenant,
+                               prompt_tokens_estimate=prompt.template_tokens)
+        extra_key = self.router.extra_key_for(session.tenant)
+
+        def send(url: str) -> Awaitable[_Reply]:
+            return self.client.send(url, prompt.messages, prompt.tools, chat, extra_key)
+
+        reply, placement = await self.router.aexecute(request, send)
+        await self.router.areport(placement, prompt_tokens=reply.prompt_tokens, cached_tokens=reply.cached_tokens)
+        return reply
+
+    def session_done(self, session_id: str) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        # Router.close() closes the store's sync client; its asyncio client belongs to this loop
+        aclose = getattr(self.router.store, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        self.router.close()
+
+
+class _Gateway:
+    """Every call to the smg gateway; smg picks the worker."""
+
+    def __init__(self, job: Job, client: _Client) -> None:
+        assert job.gateway is not None
+        self.url = job.gateway
+        self.keyed = SMG_POLICIES[job.policy] == "consistent_hashing"
+        self.client = client
+
+    async def call(self, session: SessionSpec, call: CallSpec) -> _Reply:
+        chat = call.chat
+        assert chat is not None
+        headers = {ROUTING_KEY_HEADER: session.session_id} if self.keyed else None
+        return await self.client.send(self.url, chat.messages, chat.tools, chat, headers=headers)
+
+    def session_done(self, session_id: str) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _router(job: Job, client: _Client) -> _ClientSide | _AgentCache | _Gateway:
+    if job.policy in CLIENT_POLICIES:
+        return _ClientSide(job, client)
+    if job.policy in AGENT_CACHE_POLICIES:
+        return _AgentCache(job, client)
+    if job.policy in SMG_POLICIES:
+        return _Gateway(job, client)
+    raise ValueError(f"unknown policy {job.policy!r}")
+
+
+async def run_job(job: Job, on_session_done: Callable[[], None] | None = None) -> ReplicaResult:
+    """Drive ``job.sessions`` closed-loop against the fleet; returns every call's measurements."""
+    client = _Client(job.timeout_s)
+    router = _router(job, client)
+    result = ReplicaResult()
+
+    async def session(spec: SessionSpec) -> None:
+        arrival = job.t0 + spec.arrival_s
+        await asyncio.sleep(max(0.0, arrival - time.monotonic()))
+        end = arrival
+        try:
+            for k, call in enumerate(spec.start(chat=True)):
+                if k and call.think_s > 0:
+                    await asyncio.sleep(call.think_s)
+                t_start = time.monotonic()
+                reply = await router.call(spec, call)
+                end = time.monotonic()
+                result.calls.append((spec.session_id, k, reply.worker, t_start, reply.t_first, end,
+                                     reply.prompt_tokens, reply.cached_tokens, reply.output_tokens))
+        except AgentCacheError as exc:  # a worker error, or no healthy worker left: the session fails
+            result.errors.append(f"{spec.session_id}: {exc}")
+        else:
+            result.sessions.append((spec.session_id, arrival, end))
+        finally:
+            router.session_done(spec.session_id)
+            if on_session_done is not None:
+                on_session_done()
+
+    try:
+        await asyncio.gather(*(session(s) for s in job.sessions))
+    finally:
+        await router.aclose()
+        await client.aclose()
+    return result
+
+
+# --- replica processes -----------------------------------------------------------
+
+
+def _replica_main(conn: Any, counter: Any) -> None:
+    """Body of one replica process: run each job received, send back its result."""
+
+    def tick() -> None:
+        with counter.get_lock():
+            counter.value += 1
+
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            return
+        if job is None:
+            return
+        try:
+            conn.send(("ok", asyncio.run(run_job(job, tick))))
+        except KeyboardInterrupt:
+            return
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
+
+
+class Replicas:
+    """K router-replica processes (spawned once, reused for every policy)."""
+
+    def __init__(self, k: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.sessions_done = ctx.Value("i", 0)
+        self._procs: list[Any] = []
+        self._conns: list[Any] = []
+        try:
+            for r in range(k):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_replica_main, args=(child, self.sessions_done),
+                                   name=f"agent-cache-bench-replica-{r}", daemon=True)
+                proc.start()
+                child.close()
+                self._procs.append(proc)
+                self._conns.append(parent)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def k(self) -> int:
+        return len(self._procs)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs if p.is_alive()]
+
+    def run(self, jobs: Sequence[Job], progress: Callable[[int], None] | None = None,
+            interval: float = 2.0) -> list[ReplicaResult]:
+        """Run job i on replica i (all at once); ``progress(sessions done)`` every ``interval`` s."""
+        assert len(jobs) == self.k
+        with self.sessions_done.get_lock():
+            self.sessions_done.value = 0
+        for conn, job in zip(self._conns, jobs):
+            conn.send(job)
+        results: list[ReplicaResult | None] = [None] * self.k
+        pending = dict(enumerate(self._conns))
+        last = -1
+        while pending:
+            ready = mp.connection.wait(list(pending.values()), timeout=interval)
+            for i, conn in list(pending.items()):
+                if conn not in ready:
+                    if not self._procs[i].is_alive():
+                        raise BenchProcessError(f"load replica {i} died (exit code {self._procs[i].exitcode})")
+                    continue
+                try:
+                    status, value = conn.recv()
+                except EOFError:
+                    raise BenchProcessError(f"load replica {i} died (exit code {self._procs[i].exitcode})") from None
+                if status != "ok":
+                    raise BenchProcessError(f"load replica {i} failed:\n{value}")
+                results[i] = value
+                del pending[i]
+            done = self.sessions_done.value
+            if progress is not None and done != last and pending:
+                progress(done)
+                last = done
+        return [r for r in results if r is not None]
+
+    def close(self) -> None:
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except (OSError, ValueError):
+                pass
+        for proc in self._procs:
+            proc.join(3)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(3)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self._conns:
+            conn.close()
+        self._procs.clear()
+        self._conns.clear()
+
+    def __enter__(self) -> "Replicas":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
