@@ -58,8 +58,8 @@ local skey, tkey = KEYS[1], KEYS[2]
 local ikey, kvkey = tag .. ':inflight', tag .. ':kv'
 local cutoff = now - ttl
 
+purge(tag, cutoff)  -- first: deletes only, so it frees memory even when Redis is at maxmemory
 apply_releases(tag, 17)
-purge(tag, cutoff)
 
 -- ARGV[16]: the pool's workers, one "url state capacity" line each
 local urls, states, caps = {}, {}, {}

@@ -33,6 +33,17 @@ from agent_cache.store.base import (
 T = TypeVar("T")
 _SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster")
 _UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+# Redis answers but cannot take writes (maxmemory reached under noeviction, a
+# replica after failover, a cluster slot moving or down): as good as away for
+# routing, so the router goes degraded instead of failing the model call.
+# A script stopped by one of these has written nothing: Redis refuses a
+# script's first write, and a script that has written runs to its end.
+_CANNOT_WRITE = (
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+)
 
 
 def validate_redis_url(url: str, field: str = "redis_url") -> str:
@@ -65,6 +76,8 @@ def validate_redis_url(url: str, field: str = "redis_url") -> str:
 def _map_errors(exc: Exception) -> StoreError:
     if isinstance(exc, _UNAVAILABLE):
         return StoreUnavailableError(f"redis unavailable: {exc}")
+    if isinstance(exc, _CANNOT_WRITE):
+        return StoreUnavailableError(f"redis cannot take writes: {exc}")
     return StoreError(f"redis error: {exc}")
 
 

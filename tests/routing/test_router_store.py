@@ -180,3 +180,32 @@ def test_inflight_released_after_an_outage_that_began_mid_call(redis_server, pre
     workers = router.store.stats(time.time())["workers"]
     assert all(w["inflight"] == 0 for w in workers.values()), workers
     router.close()
+
+
+def test_redis_out_of_memory_routes_degraded_then_recovers(redis_server, prefix):
+    """maxmemory reached under noeviction: no call fails, and routing returns to the store after."""
+    import redis as redis_py
+
+    raw = redis_py.Redis.from_url(redis_server.url)
+    router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None)
+    before = routed(router, "s-before")
+    assert before.outcome == "placed_least_load"
+    raw.config_set("maxmemory-policy", "noeviction")
+    raw.config_set("maxmemory", raw.info("memory")["used_memory"] + 64 * 1024)
+    for i in range(1000):
+        try:
+            raw.set(f"fill-{i}", "x" * 4096)
+        except redis_py.exceptions.OutOfMemoryError:
+            break
+    else:
+        raise AssertionError("Redis never reached maxmemory")
+    p = routed(router, "s-during")
+    assert p.outcome == "degraded" and router.availability.degraded
+    raw.config_set("maxmemory", 0)
+    router.availability.succeeded()  # skip the reconnect backoff
+    assert routed(router, "s-before").outcome == "pinned"
+    router.flush()
+    workers = router.store.stats(time.time())["workers"]
+    assert sum(w["inflight"] for w in workers.values()) == 0, workers
+    router.close()
+    raw.close()
