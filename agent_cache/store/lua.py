@@ -216,7 +216,8 @@ end
 return 1
 """
 
-# ARGV: tag, then releases (url, count pairs).
+# KEYS: the in-flight hash (declared so Redis Cluster sends the script to the
+# deployment's slot). ARGV: tag, then releases (url, count pairs).
 RELEASE = _APPLY_RELEASES + r"""
 apply_releases(ARGV[1], 2)
 return 1

@@ -262,7 +262,8 @@ class RedisStore:
 
     def release_many(self, releases: Mapping[str, int], now: float) -> None:
         if releases:
-            self._call(lambda: self._release(keys=[], args=[self._tag, *_release_args(releases)]))
+            k = [keys.inflight(self.prefix)]
+            self._call(lambda: self._release(keys=k, args=[self._tag, *_release_args(releases)]))
 
     def report(
         self,
@@ -344,7 +345,8 @@ class RedisStore:
     async def arelease_many(self, releases: Mapping[str, int], now: float) -> None:
         if releases:
             _, (_, _, release) = self._async()
-            await self._acall(release(keys=[], args=[self._tag, *_release_args(releases)]))
+            k = [keys.inflight(self.prefix)]
+            await self._acall(release(keys=k, args=[self._tag, *_release_args(releases)]))
 
     async def areport(
         self,

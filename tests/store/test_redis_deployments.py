@@ -1,0 +1,192 @@
+"""The Redis store on each deployment shape it claims, against real servers on loopback:
+a unix socket, password and ACL user auth, Sentinel, and a three-node Redis Cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from typing import Iterator
+
+import pytest
+import redis
+
+from agent_cache.errors import StoreUnavailableError
+from agent_cache.routing import RouteRequest, Router
+from agent_cache.store import RedisStore
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.redis
+if shutil.which("redis-server") is None:
+    pytest.skip("redis-server binary not found", allow_module_level=True)
+
+ACL_COMMANDS = (
+    "+evalsha +script|load +ping +hgetall +hmget +hget +hset +hsetnx +hincrby +del +zadd +zrem +zrangebyscore "
+    "+sadd +smembers +pexpire +pfadd +pfcount"
+)
+URLS = [f"http://10.0.0.{i}:30000" for i in range(1, 4)]  # never contacted: probes are off
+
+
+class Servers:
+    """redis-server processes in one temp dir, all stopped at the end."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="redis-deploy-")
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, *args: str, wait_port: int | None = None, wait_socket: str | None = None,
+              password: str | None = None) -> None:
+        self.procs.append(subprocess.Popen(["redis-server", *args], cwd=self.dir,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        client = (redis.Redis(unix_socket_path=wait_socket, password=password) if wait_socket
+                  else redis.Redis(port=wait_port, password=password))
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except (redis.ConnectionError, redis.exceptions.ResponseError, FileNotFoundError):
+                assert time.monotonic() < deadline, f"redis-server {args} did not start"
+                time.sleep(0.05)
+        client.close()
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def servers() -> Iterator[Servers]:
+    s = Servers()
+    yield s
+    s.stop()
+
+
+def _base(port: int) -> list[str]:
+    return ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+
+
+def _agent_step(router: Router, sid: str) -> str:
+    """One agent step through the router; returns the worker."""
+    placement = router.route(RouteRequest(sid, template_id="t1"))
+    router.done(placement)
+    router.report(placement, prompt_tokens=1000, cached_tokens=600)
+    return placement.worker
+
+
+def _check_pins_and_stats(url: str, prefix: str, **options) -> None:
+    router = Router(URLS, store=RedisStore(url, prefix=prefix, **options), probe_interval=None)
+    first = {f"s{i}": _agent_step(router, f"s{i}") for i in range(6)}
+    router.close()
+    other = Router(URLS, store=RedisStore(url, prefix=prefix, **options), probe_interval=None)  # another process
+    assert {sid: _agent_step(other, sid) for sid in first} == first
+    other.done(other.route(RouteRequest("s0")))
+    other.flush()  # a release with no route or report to carry it: the RELEASE script
+    assert asyncio.run(_async_step(other, "s1")) == first["s1"]  # the asyncio face, same deployment
+    stats = other.store.stats(time.time())
+    assert stats["sessions"] == 6
+    assert sum(w["inflight"] for w in stats["workers"].values()) == 0
+    assert sum(w["cached_tokens"] for w in stats["workers"].values()) == 13 * 600
+    assert stats["outcomes"].get("pinned") == 9
+    other.close()
+
+
+async def _async_step(router: Router, sid: str) -> str:
+    placement = await router.aroute(RouteRequest(sid, template_id="t1"))
+    assert placement.outcome == "pinned"
+    await router.adone(placement)
+    await router.areport(placement, prompt_tokens=1000, cached_tokens=600)
+    await router.adone(await router.aroute(RouteRequest(sid)))
+    await router.aflush()
+    await router.store.aclose()
+    return placement.worker
+
+
+def test_unix_socket(servers):
+    sock = os.path.join(servers.dir, "redis.sock")
+    servers.start("--port", "0", "--unixsocket", sock, "--save", "", "--appendonly", "no", wait_socket=sock)
+    _check_pins_and_stats(f"unix://{sock}?db=2", "unix")
+
+
+def test_password_and_acl_user(servers):
+    port = free_port()
+    servers.start(*_base(port), "--requirepass", "s3cret", wait_port=port, password="s3cret")
+    admin = redis.Redis(port=port, password="s3cret")
+    # the minimal rule documented in docs/deploying-redis.md
+    admin.execute_command("ACL", "SETUSER", "agent", "on", ">pa:ss", "~{acl}*", *ACL_COMMANDS.split())
+    admin.close()
+    _check_pins_and_stats(f"redis://:s3cret@127.0.0.1:{port}/0", "pw")
+    _check_pins_and_stats(f"redis://agent:pa%3Ass@127.0.0.1:{port}/0", "acl")  # percent-encoded password
+    bad = RedisStore(f"redis://agent:wrong@127.0.0.1:{port}/0", prefix="acl")
+    with pytest.raises(StoreUnavailableError):  # auth failure is a connection error: route degraded, not crash
+        bad.ping()
+
+
+def test_sentinel(servers):
+    port, sentinel_port = free_port(), free_port()
+    servers.start(*_base(port), wait_port=port)
+    conf = os.path.join(servers.dir, "sentinel.conf")
+    with open(conf, "w") as f:
+        f.write(f"port {sentinel_port}\nbind 127.0.0.1\nsentinel monitor mymaster 127.0.0.1 {port} 1\n")
+    servers.start(conf, "--sentinel", wait_port=sentinel_port)
+    _check_pins_and_stats(f"redis+sentinel://127.0.0.1:{sentinel_port}/mymaster/1", "sentinel")
+    # the keys are on the master the sentinel named
+    assert redis.Redis(port=port, db=1).exists("{sentinel}:live") == 1
+
+
+def test_cluster_keeps_a_deployment_in_one_slot(servers):
+    ports = [free_port() for _ in range(3)]
+    for i, port in enumerate(ports):
+        servers.start(*_base(port), "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{i}.conf",
+                      "--cluster-port", str(free_port()), wait_port=port)  # bus port: port + 10000 may not exist
+    subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+                    "--cluster-replicas", "0", "--cluster-yes"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+    probe = redis.Redis(port=ports[0])
+    deadline = time.monotonic() + 20
+    while probe.cluster("info")["cluster_state"] != "ok":
+        assert time.monotonic() < deadline, "cluster never became ok"
+        time.sleep(0.1)
+    probe.close()
+    # two deployments: each lives in one slot, on whichever node owns it
+    for prefix in ("team-a", "team-b"):
+        _check_pins_and_stats(f"redis+cluster://127.0.0.1:{ports[0]}", prefix)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make test certificates")
+def test_tls(servers):
+    d = servers.dir
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+            "-subj", "/CN=agent-cache test CA")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+            "-subj", "/CN=127.0.0.1")
+    with open(os.path.join(d, "ext.cnf"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.crt", "-days", "2", "-extfile", "ext.cnf")
+    port = free_port()
+    servers.procs.append(subprocess.Popen(
+        ["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--tls-cert-file", "server.crt", "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.crt",
+         "--tls-auth-clients", "no"], cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    ca = os.path.join(d, "ca.crt")
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            RedisStore(f"rediss://127.0.0.1:{port}/0", ssl_ca_certs=ca).ping()
+            break
+        except StoreUnavailableError:
+            assert time.monotonic() < deadline, "TLS redis-server did not start"
+            time.sleep(0.05)
+    _check_pins_and_stats(f"rediss://127.0.0.1:{port}/0", "tls", ssl_ca_certs=ca)
+    with pytest.raises(StoreUnavailableError):  # plain TCP against the TLS port fails fast
+        RedisStore(f"redis://127.0.0.1:{port}/0").ping()
