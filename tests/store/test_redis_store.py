@@ -109,6 +109,7 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
     policy = Policy(epsilon=rng.choice([0.1, 0.25, 0.5]), slack=rng.choice([0.0, 1.0, 2.0]))
     now = 1_000.0
     live: list[tuple[str, str, int, str]] = []
+    pending: dict[str, int] = {}  # releases carried by the next route or report, as the router does
     compared = 0
     for _ in range(120):
         op = rng.random()
@@ -120,23 +121,28 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
             tenant = rng.choice(["default", "acme"])
             sid = f"s{rng.randint(0, 15)}"
             query = RouteQuery(tenant, sid, rng.choice([None, "t1", "t2", "t3"]), "default", workers, rng.randint(0, 3000))
-            a = memory.route(query, policy, now)
-            b = rstore.route(query, policy, now)
+            a = memory.route(query, policy, now, dict(pending))
+            b = rstore.route(query, policy, now, dict(pending))
+            pending.clear()
             assert a == b, (seed, query)
             compared += 1
             if a.worker:
                 live.append((tenant, sid, a.epoch, a.worker))
         elif op < 0.8 and live:
             tenant, sid, epoch, worker = live.pop(rng.randrange(len(live)))
-            memory.release(worker, now)
-            rstore.release(worker, now)
+            if rng.random() < 0.5:
+                memory.release(worker, now)
+                rstore.release(worker, now)
+            else:
+                pending[worker] = pending.get(worker, 0) + 1
         elif live:
             tenant, sid, epoch, worker = rng.choice(live)
             p = rng.randint(100, 4000)
             c = rng.randint(0, p)
             tid = rng.choice([None, "t1", "t2"])
-            memory.report(tenant, sid, worker, epoch, tid, p, c, now)
-            rstore.report(tenant, sid, worker, epoch, tid, p, c, now)
+            memory.report(tenant, sid, worker, epoch, tid, p, c, now, dict(pending))
+            rstore.report(tenant, sid, worker, epoch, tid, p, c, now, dict(pending))
+            pending.clear()
     ma, rb = memory.stats(now), rstore.stats(now)
     for url, w in ma["workers"].items():
         for field in ("inflight", "kv_tokens", "sessions", "prompt_tokens", "cached_tokens"):
