@@ -15,8 +15,11 @@ Presets are sized for a small machine (2 cores):
   (a few minutes);
 * ``full``: 8 workers, 200 sessions at 4 sessions/s;
 * ``seed``: round-robin, least-load and agent-cache on 4 workers whose
-  modelled GPU is 4x slower (time scale 4), 60 sessions at 4 sessions/s:
-  a loaded fleet. ``no-cache`` and ``oracle`` exist only in the sim engine.
+  modelled GPU is 4x slower (time scale 4), 60 sessions at 4 sessions/s,
+  so prefill weighs more in every call. The simulated worker does not
+  serialise prefills, so this does not saturate the fleet as the sim
+  engine's ``seed`` does. ``no-cache`` and ``oracle`` exist only in the sim
+  engine.
 """
 
 from __future__ import annotations

@@ -228,10 +228,12 @@ class _AgentCache:
         pass
 
     async def aclose(self) -> None:
-        # Router.close() closes the store's sync client; its asyncio client belongs to this loop
-        aclose = getattr(self.router.store, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        # Router.close() writes what is pending and closes the store's sync client; the store's
+        # asyncio client belongs to this loop, so it is closed here first
+        for owner, name in ((self.router, "aflush"), (self.router.store, "aclose")):
+            method = getattr(owner, name, None)
+            if method is not None:
+                await method()
         self.router.close()
 
 

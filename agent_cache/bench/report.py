@@ -129,6 +129,15 @@ def _real_markdown(doc: Mapping[str, Any]) -> str:
              "latencies are measured at the client. `oracle` and `no-cache` exist only in the sim engine.", "",
              "Config: " + ", ".join(f"{k}={v}" for k, v in cfg.items() if not isinstance(v, (dict, list))), "",
              markdown_table(doc["policies"], REAL_COLUMNS)]
+    workers = sorted({w for m in doc["policies"].values() for w in m.get("calls_per_worker", {})})
+    if workers:
+        lines += ["## Calls per worker", "",
+                  "| policy | " + " | ".join(f"w{i}" for i in range(len(workers))) + " |",
+                  "| --- |" + " ---: |" * len(workers)]
+        for name, m in doc["policies"].items():
+            per = m.get("calls_per_worker", {})
+            lines.append(f"| {name} | " + " | ".join(str(per.get(w, 0)) for w in workers) + " |")
+        lines += ["", "Workers: " + ", ".join(f"w{i} = {w}" for i, w in enumerate(workers)), ""]
     return "\n".join(lines)
 
 

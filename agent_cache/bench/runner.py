@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "processes and the real smg gateway; oracle and no-cache exist only in the sim engine).")
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick",
                    help="sim: quick 8 workers/300 sessions, full 16/3,000, seed no-cache vs agent-cache; "
-                        "real: quick 4 workers/32 sessions, full 8/200, seed 4/60 on a loaded fleet")
+                        "real: quick 4 workers/32 sessions, full 8/200, seed 4/60 with 4x slower modelled GPUs")
     p.add_argument("--engine", choices=("sim", "real"), default="sim",
                    help="sim: virtual-clock fleet simulation; real: real processes (simulated workers, Redis, smg)")
     p.add_argument("--trace", metavar="FILE", help="replay sessions of a JSONL trace instead of generated ones")
