@@ -160,9 +160,9 @@ def metrics(results: Sequence[ReplicaResult], n_sessions: int, start: float, wor
     lat = [end - arrival for _, arrival, end in done]
     m = {
         "token_hit_rate": cached / prompt if prompt else 0.0,
-        "ttft_p50_s": report._pct(ttft, 0.50),
-        "ttft_p95_s": report._pct(ttft, 0.95),
-        "ttft_p99_s": report._pct(ttft, 0.99),
+        "ttft_p50_s": report.quantile(ttft, 0.50),
+        "ttft_p95_s": report.quantile(ttft, 0.95),
+        "ttft_p99_s": report.quantile(ttft, 0.99),
         "mean_session_latency_s": sum(lat) / len(lat) if lat else 0.0,
         "throughput_sessions_per_s": len(done) / span,
         "prompt_tokens_per_s": prompt / span,

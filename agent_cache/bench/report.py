@@ -11,7 +11,7 @@ from agent_cache.bench.fleetsim import RunResult
 from agent_cache.sim.latency import ModelConfig
 
 # Columns of results.md: (key, header, format)
-_COLUMNS = (
+SIM_COLUMNS = (
     ("token_hit_rate", "hit rate", "{:.1%}"),
     ("oracle_fraction", "of oracle", "{:.1%}"),
     ("ttft_p50_s", "TTFT p50 (ms)", "ms"),
@@ -42,7 +42,8 @@ REAL_COLUMNS = (
 )
 
 
-def _pct(sorted_values: Sequence[float], q: float) -> float:
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """The value at rank round(q x (n - 1)) of already sorted values (0 for none): both engines' TTFT percentiles."""
     if not sorted_values:
         return 0.0
     i = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
@@ -59,9 +60,9 @@ def metrics(res: RunResult, oracle_hit_rate: float | None, model: ModelConfig = 
         "token_hit_rate": hit,
         # None when the run has no oracle (the seed preset)
         "oracle_fraction": (hit / oracle_hit_rate if oracle_hit_rate else 0.0) if oracle_hit_rate is not None else None,
-        "ttft_p50_s": _pct(ttft, 0.50),
-        "ttft_p95_s": _pct(ttft, 0.95),
-        "ttft_p99_s": _pct(ttft, 0.99),
+        "ttft_p50_s": quantile(ttft, 0.50),
+        "ttft_p95_s": quantile(ttft, 0.95),
+        "ttft_p99_s": quantile(ttft, 0.99),
         "mean_session_latency_s": sum(lat) / len(lat) if lat else 0.0,
         "throughput_sessions_per_s": res.sessions_done / span,
         "prompt_tokens_per_s": res.prompt_tokens / span,
@@ -84,7 +85,7 @@ def all_metrics(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
     return {r.policy: metrics(r, ohit) for r in results}
 
 
-def markdown_table(policies: Mapping[str, Mapping[str, Any]], columns: Sequence[tuple[str, str, str]] = _COLUMNS) -> str:
+def markdown_table(policies: Mapping[str, Mapping[str, Any]], columns: Sequence[tuple[str, str, str]] = SIM_COLUMNS) -> str:
     head = "| policy | " + " | ".join(h for _, h, _ in columns) + " |"
     sep = "| --- |" + " ---: |" * len(columns)
     rows = [head, sep]

@@ -241,7 +241,7 @@ def main_bench(argv: list[str] | None = None) -> int:
     except AgentCacheError as e:  # e.g. TraceFormatError, BenchProcessError
         print(f"agent-cache bench: {e}", file=sys.stderr)
         return 1
-    columns = report.REAL_COLUMNS if args.engine == "real" else report._COLUMNS
+    columns = report.REAL_COLUMNS if args.engine == "real" else report.SIM_COLUMNS
     print(report.markdown_table(doc["policies"], columns), end="")
     return 0
 
