@@ -178,6 +178,8 @@ class SimWorkers:
             return all(self._http.get(u + "/health").status_code == 200 for u in self.urls)
 
         wait_until(healthy, self._procs, f"{n} simulated workers", timeout=60.0)
+        for url in self.urls:  # the tokenizer loads on first use: not inside the first policy's first call
+            self._http.post(url + "/tokenize", json={"prompt": "warm up"}).raise_for_status()
 
     def check(self) -> None:
         for p in self._procs:

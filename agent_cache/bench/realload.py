@@ -308,8 +308,19 @@ async def run_job(job: Job, on_session_done: Callable[[], None] | None = None) -
 # --- replica processes -----------------------------------------------------------
 
 
+def _warm_up() -> None:
+    """Load once what a first call would otherwise load inside its measurement (modules, tokenizer, word list)."""
+    from agent_cache.bench.workloads import words
+    from agent_cache.routing import Router  # noqa: F401
+    from agent_cache.templates import Templater
+
+    Templater("templatize").normalize([{"role": "system", "content": "Today is 2026-01-01."}])
+    words([1])
+
+
 def _replica_main(conn: Any, counter: Any) -> None:
     """Body of one replica process: run each job received, send back its result."""
+    _warm_up()
 
     def tick() -> None:
         with counter.get_lock():
