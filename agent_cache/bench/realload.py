@@ -228,13 +228,7 @@ class _AgentCache:
         pass
 
     async def aclose(self) -> None:
-        # Router.close() writes what is pending and closes the store's sync client; the store's
-        # asyncio client belongs to this loop, so it is closed here first
-        for owner, name in ((self.router, "aflush"), (self.router.store, "aclose")):
-            method = getattr(owner, name, None)
-            if method is not None:
-                await method()
-        self.router.close()
+        await self.router.aclose()
 
 
 class _Gateway:

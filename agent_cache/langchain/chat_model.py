@@ -235,11 +235,15 @@ class ChatSGLang(BaseChatModel):
             self._selector.router.close()
 
     async def aclose(self) -> None:
-        """Close the async clients of the running loop, then as :meth:`close`."""
+        """As :meth:`close`, and also the async clients of the running loop (the router's included)."""
         per_loop = self._aclients.pop(asyncio.get_running_loop(), {})
         for client in per_loop.values():
             await client.aclose()
-        self.close()
+        for sync_client in self._clients.values():
+            sync_client.close()
+        self._clients.clear()
+        if self.router is None:
+            await self._selector.router.aclose()
 
     # --- request building -------------------------------------------------------
 

@@ -500,6 +500,16 @@ class Router:
         self._clients.clear()
         self.store.close()
 
+    async def aclose(self) -> None:
+        """Async :meth:`close`: also closes the store's asyncio client (call it in the loop that used it)."""
+        if self._flusher is not None:
+            self._flusher.close()
+        await self.aflush()
+        aclose = getattr(self.store, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        self.close()
+
     def __enter__(self) -> "Router":
         return self
 

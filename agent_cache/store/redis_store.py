@@ -371,9 +371,16 @@ class RedisStore:
         await self._acall(client.ping())
 
     async def aclose(self) -> None:
-        if self._aclient is not None:
-            await self._aclient.aclose()
-            self._aclient = None
+        """Close the asyncio client (one made for another event loop went with that loop)."""
+        client, self._aclient, self._ascripts = self._aclient, None, None
+        if client is None:
+            return
+        try:
+            same_loop = self._aloop is asyncio.get_running_loop()
+        except RuntimeError:
+            same_loop = False
+        if self.url is None or same_loop:
+            await client.aclose()
 
 
 _INT_FIELDS = (

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
@@ -12,6 +14,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from agent_cache import ChatSGLang
 from agent_cache.errors import ConfigError
 from agent_cache.sim import SimFleet
+from agent_cache.store import RedisStore
 
 SYSTEM = "You are a support agent for a logistics company. Answer from the knowledge base. " * 25
 
@@ -112,3 +115,21 @@ def test_bad_configuration_names_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ConfigError) as info:
         ChatSGLang(model="sim", **kwargs)
     assert info.value.field == field
+
+
+async def test_aclose_leaves_no_redis_connection_open(redis_server_factory, lc_fleet) -> None:
+    import redis as redis_py
+
+    server = redis_server_factory()
+    model = ChatSGLang(model="sim", workers=lc_fleet.urls, redis_url=server.url, max_tokens=4)
+    reply = await model.ainvoke("hello", session_id="close-me")
+    assert reply.response_metadata["routing"] == "placed_least_load"
+    probe = redis_py.Redis.from_url(server.url)
+    assert len(probe.client_list()) >= 2  # the probe and the model's async store client
+    await model.aclose()
+    deadline = time.monotonic() + 5
+    while len(probe.client_list()) != 1:
+        assert time.monotonic() < deadline, f"connections left open: {probe.client_list()}"
+        await asyncio.sleep(0.02)
+    assert all(w["inflight"] == 0 for w in RedisStore(server.url).stats(time.time())["workers"].values())
+    probe.close()

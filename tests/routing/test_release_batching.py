@@ -100,3 +100,25 @@ def test_zero_delay_releases_at_once(redis_server, prefix):
 def test_bad_release_delay(bad):
     with pytest.raises(ConfigError, match="release_delay"):
         Router(URLS, probe_interval=None, release_delay=bad)
+
+
+def _connections(url: str) -> int:
+    """Clients connected to the server, this probe excluded."""
+    client = redis.Redis.from_url(url)
+    try:
+        return len(client.client_list()) - 1
+    finally:
+        client.close()
+
+
+async def test_aclose_writes_releases_and_closes_every_redis_connection(redis_server, prefix):
+    router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None, release_delay=60.0)
+    await router.adone(await router.aroute(RouteRequest("s1")))
+    router.store.ping()  # the sync client is connected too
+    assert _connections(redis_server.url) >= 2
+    await router.aclose()
+    deadline = time.monotonic() + 5
+    while _connections(redis_server.url) != 0:
+        assert time.monotonic() < deadline, "a Redis connection was left open"
+        time.sleep(0.02)
+    assert _inflight(redis_server.url, prefix) == 0
