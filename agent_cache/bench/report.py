@@ -115,6 +115,17 @@ def results_markdown(doc: Mapping[str, Any]) -> str:
         sweep = doc.get(key)
         if sweep:
             lines += [f"## {title}", "", _sweep_table(sweep), ""]
+    sweep = doc.get("load_sweep")
+    if sweep and "ttft_p99_s" in sweep:
+        slo = cfg["slo_ttft_p99_s"]
+        lines += ["## Offered load sweep (TTFT p99, s)", "", _sweep_table({**sweep, "y": sweep["ttft_p99_s"]}), "",
+                  f"## Throughput at the SLO (TTFT p99 <= {slo:g} s)", "",
+                  "The highest completed sessions/s among the load sweep's points whose TTFT p99 met the bound "
+                  "(none: no point met it).", "", "| policy | sessions/s |", "| --- | ---: |"]
+        for name in sweep["y"]:
+            value = doc["policies"][name].get("throughput_at_slo_sessions_per_s")
+            lines.append(f"| {name} | {'none' if value is None else f'{value:.3f}'} |")
+        lines.append("")
     return "\n".join(lines)
 
 

@@ -64,6 +64,10 @@ PRESETS = {
 }
 
 
+# An agent step should start answering within half a second, even at the tail.
+DEFAULT_SLO_TTFT_P99 = 0.5
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="agent-cache bench",
@@ -95,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, metavar="S",
                    help="real engine: the simulated workers' latency model x S (1 = real time, 0 = instant; "
                         "default: the preset's)")
+    p.add_argument("--slo-ttft-p99", type=float, default=DEFAULT_SLO_TTFT_P99, metavar="SECONDS",
+                   help="sim engine: the p99 TTFT bound of 'throughput at the SLO', read off the offered-load sweep "
+                        f"(default {DEFAULT_SLO_TTFT_P99:g} s)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
@@ -106,7 +113,7 @@ def _positive(name: str, value: float | None) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for flag in ("workers", "replicas", "sessions", "rate", "capacity_tokens", "page_size"):
+    for flag in ("workers", "replicas", "sessions", "rate", "capacity_tokens", "page_size", "slo_ttft_p99"):
         _positive("--" + flag.replace("_", "-"), getattr(args, flag))
     if args.trace and not os.path.isfile(args.trace):
         raise ConfigError("--trace", f"no such file: {args.trace}")
@@ -151,6 +158,12 @@ def _throughput(res: RunResult) -> float:
     return res.sessions_done / max(res.last_done - res.first_arrival, 1e-9)
 
 
+def _at_slo(throughputs: list[float], p99s: list[float], slo: float) -> float | None:
+    """The highest throughput of the load sweep whose p99 TTFT met the SLO (None: no load point met it)."""
+    met = [t for t, p in zip(throughputs, p99s) if p <= slo]
+    return max(met) if met else None
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the comparison (and sweeps) of ``args``; write the results; return results.json's content."""
     preset = PRESETS[args.preset]
@@ -188,12 +201,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         doc["capacity_sweep"] = {"x_label": "capacity_tokens", "x": list(preset.capacity_sweep), "y": ys,
                                  "sessions": len(small), "metric": "token_hit_rate"}
         ys = {n: [] for n in sweep_names}
+        p99s: dict[str, list[float]] = {n: [] for n in sweep_names}
         for load in preset.load_sweep:
             loaded = _workload(args, preset, min(preset.sweep_sessions, n_sessions), load)
             for r in _run_all(loaded, sweep_names, cfg, args.seed, log, f"rate={load:g} ", progress=False):
                 ys[r.policy].append(_throughput(r))
-        doc["load_sweep"] = {"x_label": "rate", "x": list(preset.load_sweep), "y": ys,
+                p99s[r.policy].append(report.quantile(sorted(r.ttfts), 0.99))
+        doc["load_sweep"] = {"x_label": "rate", "x": list(preset.load_sweep), "y": ys, "ttft_p99_s": p99s,
                              "sessions": len(small), "metric": "throughput_sessions_per_s"}
+        doc["config"]["slo_ttft_p99_s"] = args.slo_ttft_p99
+        for name in sweep_names:
+            doc["policies"][name]["throughput_at_slo_sessions_per_s"] = _at_slo(ys[name], p99s[name], args.slo_ttft_p99)
     doc["config"]["wall_s"] = round(time.perf_counter() - t0, 1)
     paths = report.write_results(args.out, doc)
     if not args.no_plots:

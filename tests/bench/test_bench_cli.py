@@ -60,8 +60,17 @@ def test_results_files(quick) -> None:
     for sweep in ("capacity_sweep", "load_sweep"):
         for ys in doc[sweep]["y"].values():
             assert len(ys) == len(doc[sweep]["x"])
+    slo = doc["config"]["slo_ttft_p99_s"]
+    assert slo == 0.5
+    load = doc["load_sweep"]
+    for name, ys in load["y"].items():
+        met = [t for t, p in zip(ys, load["ttft_p99_s"][name]) if p <= slo]
+        assert doc["policies"][name]["throughput_at_slo_sessions_per_s"] == (max(met) if met else None), name
+    # caching makes the tail shorter at every load, so agent-cache sustains at least round-robin's rate
+    assert (doc["policies"]["agent-cache"]["throughput_at_slo_sessions_per_s"] or 0.0) >= (
+        doc["policies"]["round-robin"]["throughput_at_slo_sessions_per_s"] or 0.0)
     md = (out / "results.md").read_text()
-    assert "| agent-cache |" in md and "| oracle |" in md
+    assert "| agent-cache |" in md and "| oracle |" in md and "Throughput at the SLO (TTFT p99 <= 0.5 s)" in md
     for png in ("ttft_cdf.png", "hit_rate_vs_capacity.png", "throughput_vs_load.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp files left
@@ -89,6 +98,7 @@ def test_trace_replay_completes_every_call(tmp_path) -> None:
     (["--preset", "huge"], "--preset"),
     (["--policies", "round-robin,psychic"], "--policies"),
     (["--trace", "/nonexistent/trace.jsonl"], "--trace"),
+    (["--slo-ttft-p99", "0"], "--slo-ttft-p99"),
 ])
 def test_bad_input_exits_2_naming_the_flag(argv, flag, tmp_path, capsys) -> None:
     assert main_bench([*argv, "--out", str(tmp_path), "--quiet"]) == 2
