@@ -231,6 +231,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     policies: dict[str, Any] = {}
     ttfts: dict[str, list[float]] = {}
     with ExitStack() as stack:
+        if args.redis:  # registered first, so it runs last: after every replica has stopped writing
+            stack.callback(_delete_keys, args.redis, run_prefix)
         procs = stack.enter_context(Processes())
         replicas = stack.enter_context(Replicas(k))
         log(f"starting {n_workers} simulated workers (time scale {time_scale:g}), Redis, {k} load replica(s)")
@@ -238,8 +240,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              page_size=args.page_size, max_running_requests=DEFAULT_LATENCY.max_running_requests)
         stack.callback(workers.close)
         redis_url = args.redis or start_redis(procs)
-        if args.redis:
-            stack.callback(_delete_keys, redis_url, run_prefix)
         for name in names:
             t_policy = time.perf_counter()
             workers.flush()

@@ -10,6 +10,7 @@ most that late. The same ledger holds releases owed while the store is down.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Callable
 
@@ -20,15 +21,27 @@ class PendingReleases:
     """Worker URL -> calls that ended but are not yet released in the store (thread-safe)."""
 
     def __init__(self) -> None:
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
 
+    def _own(self) -> None:
+        # A forked child starts empty: the parent's releases are the parent's to write
+        # (the child writing them too would release those calls twice), and a lock
+        # held by another thread at fork time would never be released in the child.
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+            self._counts = {}
+
     def add(self, worker: str, count: int = 1) -> None:
+        self._own()
         with self._lock:
             self._counts[worker] = self._counts.get(worker, 0) + count
 
     def take(self) -> dict[str, int]:
         """Everything pending, now owed by the caller: :meth:`restore` it if the write fails."""
+        self._own()
         with self._lock:
             counts, self._counts = self._counts, {}
         return counts
@@ -38,10 +51,12 @@ class PendingReleases:
             self.add(worker, count)
 
     def total(self) -> int:
+        self._own()
         with self._lock:
             return sum(self._counts.values())
 
     def __bool__(self) -> bool:
+        self._own()
         return bool(self._counts)
 
 

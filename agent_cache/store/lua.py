@@ -36,9 +36,11 @@ local function purge(tag, cutoff)
   for _, m in ipairs(stale) do
     local sk = tag .. ':s:' .. m
     local rec = redis.call('HMGET', sk, 'worker', 'held')
-    if rec[1] then detach(tag, rec[1], tonumber(rec[2] or '0')) end
+    -- deletes first: at maxmemory Redis refuses a script's first write unless
+    -- it frees memory, and lets every later write of a script that has written
     redis.call('DEL', sk)
     redis.call('ZREM', live, m)
+    if rec[1] then detach(tag, rec[1], tonumber(rec[2] or '0')) end
   end
 end
 """
@@ -58,7 +60,7 @@ local skey, tkey = KEYS[1], KEYS[2]
 local ikey, kvkey = tag .. ':inflight', tag .. ':kv'
 local cutoff = now - ttl
 
-purge(tag, cutoff)  -- first: deletes only, so it frees memory even when Redis is at maxmemory
+purge(tag, cutoff)  -- first: it frees memory even when Redis is at maxmemory
 apply_releases(tag, 17)
 
 -- ARGV[16]: the pool's workers, one "url state capacity" line each

@@ -312,9 +312,12 @@ class RedisStore:
         info = keys.template_info(self.prefix, tenant, template_id)
 
         def run() -> list[Any]:
+            sessions = keys.template_sessions(self.prefix, tenant, template_id)
+            if self._cluster:  # redis-py refuses PFCOUNT in a cluster pipeline
+                return [self._client.hgetall(info), self._client.pfcount(sessions)]
             pipe = self._client.pipeline(transaction=False)
             pipe.hgetall(info)
-            pipe.pfcount(keys.template_sessions(self.prefix, tenant, template_id))
+            pipe.pfcount(sessions)
             return pipe.execute()
 
         raw, count = self._call(run)

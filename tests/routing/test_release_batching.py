@@ -122,3 +122,23 @@ async def test_aclose_writes_releases_and_closes_every_redis_connection(redis_se
         assert time.monotonic() < deadline, "a Redis connection was left open"
         time.sleep(0.02)
     assert _inflight(redis_server.url, prefix) == 0
+
+
+def _flush_in_child(router: Router) -> None:
+    router.flush()
+
+
+def test_a_forked_child_does_not_write_the_parents_releases(redis_server, prefix):
+    import multiprocessing as mp
+
+    router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None, release_delay=60.0)
+    placements = [router.route(RouteRequest(f"s{i}")) for i in range(3)]
+    router.done(placements[0])  # pending in the parent
+    child = mp.get_context("fork").Process(target=_flush_in_child, args=(router,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert _inflight(redis_server.url, prefix) == 3  # the child wrote nothing
+    router.flush()
+    assert _inflight(redis_server.url, prefix) == 2
+    router.close()

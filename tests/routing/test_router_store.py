@@ -183,13 +183,18 @@ def test_inflight_released_after_an_outage_that_began_mid_call(redis_server, pre
 
 
 def test_redis_out_of_memory_routes_degraded_then_recovers(redis_server, prefix):
-    """maxmemory reached under noeviction: no call fails, and routing returns to the store after."""
+    """maxmemory reached under noeviction: no call fails, expired sessions free memory, routing resumes."""
     import redis as redis_py
 
+    now = [1000.0]
     raw = redis_py.Redis.from_url(redis_server.url)
-    router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None)
+    router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None, session_ttl=60,
+                    clock=lambda: now[0])
     before = routed(router, "s-before")
     assert before.outcome == "placed_least_load"
+    for i in range(200):
+        routed(router, f"idle-{i}")
+    router.flush()
     raw.config_set("maxmemory-policy", "noeviction")
     raw.config_set("maxmemory", raw.info("memory")["used_memory"] + 64 * 1024)
     for i in range(1000):
@@ -201,9 +206,16 @@ def test_redis_out_of_memory_routes_degraded_then_recovers(redis_server, prefix)
         raise AssertionError("Redis never reached maxmemory")
     p = routed(router, "s-during")
     assert p.outcome == "degraded" and router.availability.degraded
-    raw.config_set("maxmemory", 0)
+    # the idle sessions expire: the next decision's purge deletes them first, so it may write again
+    now[0] += 120
+    routed(router, "s-before")  # the pin expired too: placed afresh
     router.availability.succeeded()  # skip the reconnect backoff
-    assert routed(router, "s-before").outcome == "pinned"
+    p = routed(router, "s-after-expiry")
+    assert p.outcome != "degraded", "a full Redis never freed the expired sessions"
+    assert raw.zcard(f"{{{prefix}}}:live") <= 2
+    raw.config_set("maxmemory", 0)
+    router.availability.succeeded()
+    assert routed(router, "s-after-expiry").outcome == "pinned"
     router.flush()
     workers = router.store.stats(time.time())["workers"]
     assert sum(w["inflight"] for w in workers.values()) == 0, workers

@@ -25,7 +25,7 @@ if shutil.which("redis-server") is None:
 
 ACL_COMMANDS = (
     "+evalsha +script|load +ping +hgetall +hmget +hget +hset +hsetnx +hincrby +del +zadd +zrem +zrangebyscore "
-    "+sadd +smembers +pexpire +pfadd +pfcount"
+    "+sadd +smembers +pexpire +pfadd +pfcount +multi +exec"
 )
 URLS = [f"http://10.0.0.{i}:30000" for i in range(1, 4)]  # never contacted: probes are off
 
@@ -93,6 +93,9 @@ def _check_pins_and_stats(url: str, prefix: str, **options) -> None:
     assert sum(w["inflight"] for w in stats["workers"].values()) == 0
     assert sum(w["cached_tokens"] for w in stats["workers"].values()) == 13 * 600
     assert stats["outcomes"].get("pinned") == 9
+    other.store.record_template("default", "t1", 1200, "s0", 5.0)  # the template registry's writes
+    other.store.record_template("default", "t1", 1200, "s1", 6.0)
+    assert other.store.template_info("default", "t1") == {"first_seen": 5.0, "sessions": 2, "token_length": 1200}
     other.close()
 
 
