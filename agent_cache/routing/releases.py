@@ -5,59 +5,78 @@ that would be a round trip of its own per call; instead the router keeps the
 count here and hands it to its next store write (the next route or usage
 report carries it in the same script). The flusher writes whatever is still
 pending after ``delay`` seconds, so other processes see a finished call at
-most that late. The same ledger holds releases owed while the store is down.
+most that late. The same ledger holds releases owed while the store is down,
+and a write that timed out (it may have reached Redis) is simply sent again:
+batches carry running totals, which the store applies once.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import uuid
 from typing import Callable
 
 from agent_cache.routing.degraded import logger
+from agent_cache.store.base import ReleaseBatch
 
 
 class PendingReleases:
-    """Worker URL -> calls that ended but are not yet released in the store (thread-safe)."""
+    """This router's releases: running totals per worker, and how much the store acknowledged (thread-safe).
+
+    :meth:`take` returns what is not acknowledged yet as a
+    :class:`~agent_cache.store.base.ReleaseBatch`; :meth:`acknowledge` it once a
+    store write carrying it succeeded. A failed write needs nothing: the next
+    batch carries the same totals, and the store applies a total only once.
+    """
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._counts: dict[str, int] = {}
+        self.source = uuid.uuid4().hex  # this router in this process
+        self._released: dict[str, int] = {}
+        self._acked: dict[str, int] = {}
 
     def _own(self) -> None:
-        # A forked child starts empty: the parent's releases are the parent's to write
-        # (the child writing them too would release those calls twice), and a lock
-        # held by another thread at fork time would never be released in the child.
+        # A forked child starts afresh, under a source of its own: the parent's
+        # releases are the parent's to write, and a lock held by another thread
+        # at fork time would never be released in the child.
         if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._lock = threading.Lock()
-            self._counts = {}
+            self._reset()
 
     def add(self, worker: str, count: int = 1) -> None:
         self._own()
         with self._lock:
-            self._counts[worker] = self._counts.get(worker, 0) + count
+            self._released[worker] = self._released.get(worker, 0) + count
 
-    def take(self) -> dict[str, int]:
-        """Everything pending, now owed by the caller: :meth:`restore` it if the write fails."""
+    def take(self) -> ReleaseBatch | None:
+        """What the store has not acknowledged yet (None: nothing)."""
         self._own()
         with self._lock:
-            counts, self._counts = self._counts, {}
-        return counts
+            totals = {w: t for w, t in self._released.items() if t > self._acked.get(w, 0)}
+            if not totals:
+                return None
+            return ReleaseBatch(self.source, totals, {w: t - self._acked.get(w, 0) for w, t in totals.items()})
 
-    def restore(self, counts: dict[str, int]) -> None:
-        for worker, count in counts.items():
-            self.add(worker, count)
+    def acknowledge(self, batch: ReleaseBatch | None) -> None:
+        if batch is None or batch.source != self.source:
+            return
+        with self._lock:
+            for w, t in batch.totals.items():
+                if t > self._acked.get(w, 0):
+                    self._acked[w] = t
 
     def total(self) -> int:
+        """Releases not acknowledged by the store."""
         self._own()
         with self._lock:
-            return sum(self._counts.values())
+            return sum(t - self._acked.get(w, 0) for w, t in self._released.items())
 
     def __bool__(self) -> bool:
-        self._own()
-        return bool(self._counts)
+        return self.total() > 0
 
 
 class ReleaseFlusher:

@@ -230,13 +230,10 @@ class Router:
             try:
                 result = self.store.route(query, self.policy, self._clock(), releases)
             except StoreUnavailableError as exc:
-                self._pending.restore(releases)
                 self.availability.failed(exc)
                 self.metrics.degraded.set(1)
-            except BaseException:
-                self._pending.restore(releases)
-                raise
             else:
+                self._pending.acknowledge(releases)
                 self.metrics.store_latency.labels("route").observe(time.perf_counter() - t0)
                 self.availability.succeeded()
                 self.metrics.degraded.set(0)
@@ -280,11 +277,14 @@ class Router:
         if not self._pending or self.availability.degraded:
             return
         releases = self._pending.take()
+        if releases is None:
+            return
         try:
             self.store.release_many(releases, self._clock())
         except StoreError as exc:
-            self._pending.restore(releases)
             self._store_failed(exc)
+        else:
+            self._pending.acknowledge(releases)
 
     def report(self, placement: Placement, *, prompt_tokens: int, cached_tokens: int) -> None:
         """Usage of a successful call: feeds hit statistics and the overload-move signal."""
@@ -300,8 +300,9 @@ class Router:
                 placement.template_id, prompt_tokens, cached_tokens, self._clock(), releases,
             )  # fmt: skip
         except StoreError as exc:
-            self._pending.restore(releases)
             self._store_failed(exc)
+        else:
+            self._pending.acknowledge(releases)
 
     def _store_failed(self, exc: StoreError) -> None:
         if isinstance(exc, StoreUnavailableError):
@@ -364,13 +365,10 @@ class Router:
             try:
                 result = await astore.aroute(query, self.policy, self._clock(), releases)  # type: ignore[attr-defined]
             except StoreUnavailableError as exc:
-                self._pending.restore(releases)
                 self.availability.failed(exc)
                 self.metrics.degraded.set(1)
-            except BaseException:
-                self._pending.restore(releases)
-                raise
             else:
+                self._pending.acknowledge(releases)
                 self.metrics.store_latency.labels("route").observe(time.perf_counter() - t0)
                 self.availability.succeeded()
                 self.metrics.degraded.set(0)
@@ -386,11 +384,14 @@ class Router:
         if not self._pending or self.availability.degraded:
             return
         releases = self._pending.take()
+        if releases is None:
+            return
         try:
             await self.store.arelease_many(releases, self._clock())  # type: ignore[attr-defined]
         except StoreError as exc:
-            self._pending.restore(releases)
             self._store_failed(exc)
+        else:
+            self._pending.acknowledge(releases)
 
     async def areport(self, placement: Placement, *, prompt_tokens: int, cached_tokens: int) -> None:
         tid = placement.template_id or ""
@@ -405,8 +406,9 @@ class Router:
                 placement.template_id, prompt_tokens, cached_tokens, self._clock(), releases,
             )  # fmt: skip
         except StoreError as exc:
-            self._pending.restore(releases)
             self._store_failed(exc)
+        else:
+            self._pending.acknowledge(releases)
 
     async def aexecute(self, request: RouteRequest, call: Callable[[str], Awaitable[T]]) -> tuple[T, Placement]:
         """Async :meth:`execute`: ``await call(worker_url)`` with the same failover."""

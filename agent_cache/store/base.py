@@ -22,10 +22,33 @@ DEFAULT_SESSION_TTL = 30 * 60.0
 DEFAULT_TEMPLATE_WINDOW = 10 * 60.0
 
 
-# In-flight releases a caller owes the store (worker URL -> calls ended). The
-# router hands them to its next write (route or report) so that ending a call
-# costs no round trip of its own.
-Releases = Optional[Mapping[str, int]]
+@dataclass(frozen=True)
+class ReleaseBatch:
+    """In-flight releases a router owes the store, safe to deliver twice.
+
+    The router hands them to its next write (route or report), so ending a
+    call costs no round trip of its own. ``totals``: worker URL -> calls that
+    ``source`` (one router) has released there so far, a running total;
+    ``deltas``: how many of those the store has not acknowledged. A store
+    keeps the last total it applied per source and worker and applies only
+    the difference, so a batch sent again after a timeout (which may have
+    reached Redis after all) is not counted twice. Without a source the
+    deltas apply as they are.
+    """
+
+    source: str
+    totals: Mapping[str, int]
+    deltas: Mapping[str, int]
+
+    @classmethod
+    def of(cls, releases: "ReleaseBatch | Mapping[str, int]") -> "ReleaseBatch":
+        """A batch as it is, or plain counts (worker URL -> calls ended) applied as they are."""
+        if isinstance(releases, ReleaseBatch):
+            return releases
+        return cls("", dict(releases), dict(releases))
+
+
+Releases = Optional[ReleaseBatch]
 
 
 def to_ms(now: float) -> int:
@@ -74,7 +97,7 @@ class MetadataStore(Protocol):
 
     def release(self, worker: str, now: float) -> None: ...
 
-    def release_many(self, releases: Mapping[str, int], now: float) -> None: ...
+    def release_many(self, releases: ReleaseBatch | Mapping[str, int], now: float) -> None: ...
 
     def report(
         self,
@@ -114,7 +137,7 @@ class AsyncMetadataStore(Protocol):
 
     async def arelease(self, worker: str, now: float) -> None: ...
 
-    async def arelease_many(self, releases: Mapping[str, int], now: float) -> None: ...
+    async def arelease_many(self, releases: ReleaseBatch | Mapping[str, int], now: float) -> None: ...
 
     async def areport(
         self,

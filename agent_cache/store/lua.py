@@ -7,17 +7,32 @@ purged-session keys are built inside the script; they share the deployment's
 hash tag with the declared keys, so they live in the same Cluster slot.
 """
 
-# Shared by ROUTE, REPORT and RELEASE: in-flight releases the caller owes,
-# written before anything else (ARGV from ``first``: url, count pairs).
+# Shared by ROUTE, REPORT and RELEASE: in-flight releases the caller owes
+# (agent_cache.store.base.ReleaseBatch). ARGV from ``first``: the source (one
+# router), then url, running total, unacknowledged delta triples. The last
+# total applied per source and worker is kept, so a batch delivered twice
+# (resent after a timeout) is applied once.
 _APPLY_RELEASES = r"""
 local function apply_releases(tag, first)
+  local source = ARGV[first]
+  if source == nil then return end
   local key = tag .. ':inflight'
-  for i = first, #ARGV, 2 do
-    -- never below zero, even after a Redis restart lost the increment
-    if redis.call('HINCRBY', key, ARGV[i], -tonumber(ARGV[i + 1])) < 0 then
-      redis.call('HSET', key, ARGV[i], 0)
+  local rkey = tag .. ':rel:' .. source
+  for i = first + 1, #ARGV, 3 do
+    local url, total = ARGV[i], tonumber(ARGV[i + 1])
+    local count = tonumber(ARGV[i + 2])
+    if source ~= '' then
+      local last = redis.call('HGET', rkey, url)
+      if last then count = total - tonumber(last) end
+    end
+    if count > 0 then
+      -- never below zero, even after a Redis restart lost the increment
+      if redis.call('HINCRBY', key, url, -count) < 0 then redis.call('HSET', key, url, 0) end
+      if source ~= '' then redis.call('HSET', rkey, url, total) end
     end
   end
+  -- a router that released nothing for a day starts over from its deltas
+  if source ~= '' then redis.call('PEXPIRE', rkey, 86400000) end
 end
 """
 
@@ -190,7 +205,7 @@ return {chosen, outcome, epoch, previous}
 
 # KEYS: session, template zset, template stats. ARGV: tag, member, worker, epoch,
 # template id, template member, prompt tokens, cached tokens, now (ms), then
-# releases (url, count pairs).
+# the release batch.
 REPORT = _APPLY_RELEASES + r"""
 local tag, member, worker = ARGV[1], ARGV[2], ARGV[3]
 local epoch = tonumber(ARGV[4])
@@ -219,7 +234,7 @@ return 1
 """
 
 # KEYS: the in-flight hash (declared so Redis Cluster sends the script to the
-# deployment's slot). ARGV: tag, then releases (url, count pairs).
+# deployment's slot). ARGV: tag, then the release batch.
 RELEASE = _APPLY_RELEASES + r"""
 apply_releases(ARGV[1], 2)
 return 1

@@ -16,6 +16,7 @@ from agent_cache.routing.placement import PinView, Policy, Snapshot, WorkerView,
 from agent_cache.store.base import (
     DEFAULT_SESSION_TTL,
     DEFAULT_TEMPLATE_WINDOW,
+    ReleaseBatch,
     Releases,
     RouteQuery,
     RouteResult,
@@ -58,6 +59,7 @@ class MemoryStore:
         self._outcomes: dict[str, int] = {}
         # every live session -> last use (ms), oldest first: expiry pops from the front
         self._live: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._released: dict[tuple[str, str], int] = {}  # (source, worker) -> last total applied
 
     # --- helpers (caller holds the lock) -------------------------------------
 
@@ -152,16 +154,28 @@ class MemoryStore:
         self._outcomes[outcome] = self._outcomes.get(outcome, 0) + 1
 
     def _release(self, releases: Releases) -> None:
-        for url, count in (releases or {}).items():
-            w = self._worker(url)
-            w.inflight = max(0, w.inflight - count)
+        if releases is None:
+            return
+        releases = ReleaseBatch.of(releases)
+        source = releases.source
+        for url, total in releases.totals.items():
+            count = releases.deltas[url]
+            if source:
+                last = self._released.get((source, url))
+                if last is not None:
+                    count = total - last
+            if count > 0:
+                w = self._worker(url)
+                w.inflight = max(0, w.inflight - count)
+                if source:
+                    self._released[(source, url)] = total
 
     def release(self, worker: str, now: float) -> None:
         self.release_many({worker: 1}, now)
 
-    def release_many(self, releases: Mapping[str, int], now: float) -> None:
+    def release_many(self, releases: ReleaseBatch | Mapping[str, int], now: float) -> None:
         with self._lock:
-            self._release(releases)
+            self._release(ReleaseBatch.of(releases))
 
     def report(
         self,
@@ -273,7 +287,7 @@ class MemoryStore:
     async def arelease(self, worker: str, now: float) -> None:
         self.release(worker, now)
 
-    async def arelease_many(self, releases: Mapping[str, int], now: float) -> None:
+    async def arelease_many(self, releases: ReleaseBatch | Mapping[str, int], now: float) -> None:
         self.release_many(releases, now)
 
     async def areport(

@@ -23,6 +23,7 @@ from agent_cache.store.base import (
     DEFAULT_PREFIX,
     DEFAULT_SESSION_TTL,
     DEFAULT_TEMPLATE_WINDOW,
+    ReleaseBatch,
     Releases,
     RouteQuery,
     RouteResult,
@@ -260,10 +261,11 @@ class RedisStore:
     def release(self, worker: str, now: float) -> None:
         self.release_many({worker: 1}, now)
 
-    def release_many(self, releases: Mapping[str, int], now: float) -> None:
-        if releases:
+    def release_many(self, releases: ReleaseBatch | Mapping[str, int], now: float) -> None:
+        batch = ReleaseBatch.of(releases)
+        if batch.totals:
             k = [keys.inflight(self.prefix)]
-            self._call(lambda: self._release(keys=k, args=[self._tag, *_release_args(releases)]))
+            self._call(lambda: self._release(keys=k, args=[self._tag, *_release_args(batch)]))
 
     def report(
         self,
@@ -345,11 +347,12 @@ class RedisStore:
     async def arelease(self, worker: str, now: float) -> None:
         await self.arelease_many({worker: 1}, now)
 
-    async def arelease_many(self, releases: Mapping[str, int], now: float) -> None:
-        if releases:
+    async def arelease_many(self, releases: ReleaseBatch | Mapping[str, int], now: float) -> None:
+        batch = ReleaseBatch.of(releases)
+        if batch.totals:
             _, (_, _, release) = self._async()
             k = [keys.inflight(self.prefix)]
-            await self._acall(release(keys=k, args=[self._tag, *_release_args(releases)]))
+            await self._acall(release(keys=k, args=[self._tag, *_release_args(batch)]))
 
     async def areport(
         self,
@@ -404,10 +407,15 @@ def _workers_arg(workers: tuple[WorkerSpec, ...]) -> str:
 
 
 def _release_args(releases: Releases) -> list[Any]:
-    """In-flight releases as the scripts' trailing ``url, count`` argument pairs."""
-    out: list[Any] = []
-    for url, count in (releases or {}).items():
-        out += [url, int(count)]
+    """A release batch as the scripts' trailing arguments: source, then ``url, total, delta`` triples."""
+    if releases is None:
+        return []
+    releases = ReleaseBatch.of(releases)
+    if not releases.totals:
+        return []
+    out: list[Any] = [releases.source]
+    for url, total in releases.totals.items():
+        out += [url, int(total), int(releases.deltas[url])]
     return out
 
 

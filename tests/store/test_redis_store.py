@@ -10,6 +10,7 @@ import redis
 
 from agent_cache.errors import ConfigError, StoreUnavailableError
 from agent_cache.routing.placement import Policy
+from agent_cache.routing.releases import PendingReleases
 from agent_cache.store import MemoryStore, RedisStore, RouteQuery, WorkerSpec
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
@@ -109,7 +110,7 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
     policy = Policy(epsilon=rng.choice([0.1, 0.25, 0.5]), slack=rng.choice([0.0, 1.0, 2.0]))
     now = 1_000.0
     live: list[tuple[str, str, int, str]] = []
-    pending: dict[str, int] = {}  # releases carried by the next route or report, as the router does
+    ledger = PendingReleases()  # releases carried by the next route or report, as the router does
     compared = 0
     for _ in range(120):
         op = rng.random()
@@ -121,9 +122,11 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
             tenant = rng.choice(["default", "acme"])
             sid = f"s{rng.randint(0, 15)}"
             query = RouteQuery(tenant, sid, rng.choice([None, "t1", "t2", "t3"]), "default", workers, rng.randint(0, 3000))
-            a = memory.route(query, policy, now, dict(pending))
-            b = rstore.route(query, policy, now, dict(pending))
-            pending.clear()
+            batch = ledger.take()
+            a = memory.route(query, policy, now, batch)
+            b = rstore.route(query, policy, now, batch)
+            if rng.random() < 0.8:  # else: as if the reply timed out, so the batch goes again
+                ledger.acknowledge(batch)
             assert a == b, (seed, query)
             compared += 1
             if a.worker:
@@ -134,15 +137,16 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
                 memory.release(worker, now)
                 rstore.release(worker, now)
             else:
-                pending[worker] = pending.get(worker, 0) + 1
+                ledger.add(worker)
         elif live:
             tenant, sid, epoch, worker = rng.choice(live)
             p = rng.randint(100, 4000)
             c = rng.randint(0, p)
             tid = rng.choice([None, "t1", "t2"])
-            memory.report(tenant, sid, worker, epoch, tid, p, c, now, dict(pending))
-            rstore.report(tenant, sid, worker, epoch, tid, p, c, now, dict(pending))
-            pending.clear()
+            batch = ledger.take()
+            memory.report(tenant, sid, worker, epoch, tid, p, c, now, batch)
+            rstore.report(tenant, sid, worker, epoch, tid, p, c, now, batch)
+            ledger.acknowledge(batch)
     ma, rb = memory.stats(now), rstore.stats(now)
     for url, w in ma["workers"].items():
         for field in ("inflight", "kv_tokens", "sessions", "prompt_tokens", "cached_tokens"):
@@ -192,3 +196,24 @@ def test_32_processes_agree_on_every_new_session(redis_server, prefix):
     assert sum(w["inflight"] for w in stats["workers"].values()) == 32 * 200
     outcomes = stats["outcomes"]
     assert outcomes["pinned"] == 31 * 200
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_a_release_batch_delivered_twice_counts_once(kind, redis_server, prefix):
+    """A write that timed out after Redis ran it is sent again: its releases must not apply twice."""
+    st = MemoryStore() if kind == "memory" else RedisStore(redis_server.url, prefix=prefix)
+    placed = [st.route(q(f"s{i}", workers=WS[:1]), P, 1.0) for i in range(4)]
+    assert st.stats(1.0)["workers"][A]["inflight"] == 4
+    ledger = PendingReleases()
+    ledger.add(A)
+    first = ledger.take()
+    st.route(q("s0", workers=WS[:1]), P, 2.0, first)  # reached the store, but the reply was lost
+    ledger.add(A)
+    again = ledger.take()  # the lost one again, and a new one
+    assert (again.totals[A], again.deltas[A]) == (2, 2)
+    st.route(q("s1", workers=WS[:1]), P, 3.0, again)
+    ledger.acknowledge(again)
+    st.release_many(again, 4.0)  # delivered a third time: still nothing more
+    # 4 placed + 2 pinned calls, 2 released once each
+    assert st.stats(4.0)["workers"][A]["inflight"] == 4
+    assert ledger.take() is None and placed[0].worker == A
