@@ -56,9 +56,9 @@ class PendingReleases:
         """What the store has not acknowledged yet (None: nothing)."""
         self._own()
         with self._lock:
-            totals = {w: t for w, t in self._released.items() if t > self._acked.get(w, 0)}
-            if not totals:
+            if self._released == self._acked:  # acknowledged totals never exceed released ones
                 return None
+            totals = {w: t for w, t in self._released.items() if t > self._acked.get(w, 0)}
             return ReleaseBatch(self.source, totals, {w: t - self._acked.get(w, 0) for w, t in totals.items()})
 
     def acknowledge(self, batch: ReleaseBatch | None) -> None:
@@ -76,7 +76,8 @@ class PendingReleases:
             return sum(t - self._acked.get(w, 0) for w, t in self._released.items())
 
     def __bool__(self) -> bool:
-        return self.total() > 0
+        self._own()
+        return self._released != self._acked
 
 
 class ReleaseFlusher:
