@@ -35,7 +35,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from agent_cache.bench import report
-from agent_cache.bench.realfleet import SMG_POLICIES, Processes, SimWorkers, SmgGateway, smg_version, start_redis
+from agent_cache.bench.realfleet import (
+    SMG_POLICIES,
+    SMG_TUNING,
+    Processes,
+    SimWorkers,
+    SmgGateway,
+    smg_version,
+    start_redis,
+)
 from agent_cache.bench.realload import REAL_POLICIES, Job, ReplicaResult, Replicas
 from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate, load_trace
 from agent_cache.errors import ConfigError
@@ -243,7 +251,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name in names:
             t_policy = time.perf_counter()
             workers.flush()
-            gateway = SmgGateway(procs, smg, SMG_POLICIES[name], workers.urls) if name in SMG_POLICIES else None
+            gateway = (SmgGateway(procs, smg, SMG_POLICIES[name], workers.urls, SMG_TUNING.get(name, ()))
+                       if name in SMG_POLICIES else None)
             try:
                 t0 = time.monotonic() + 0.3
                 jobs = [Job(name, sessions[r::k], workers.urls, t0, replica=r, seed=args.seed,

@@ -38,6 +38,13 @@ SMG_POLICIES = {
     "smg-consistent_hashing": "consistent_hashing",
     "smg-prefix_hash": "prefix_hash",
     "smg-power_of_two": "power_of_two",
+    "smg-cache_aware-conversational": "cache_aware",
+}
+# smg's documented tuning, beyond its defaults: a low cache threshold (0.1-0.2)
+# is its recommendation for conversational workloads (docs: cache-aware routing,
+# tuning guidelines), i.e. for agents that resend their history every step.
+SMG_TUNING: dict[str, tuple[str, ...]] = {
+    "smg-cache_aware-conversational": ("--cache-threshold", "0.1"),
 }
 # consistent_hashing reads the routing key from the headers named by --routing-key-headers
 # (smg's documented default, given explicitly); the load sends the session id in it.
@@ -232,11 +239,12 @@ def smg_version(binary: str) -> str:
     return out.split()[-1] if out else "unknown"
 
 
-def smg_argv(binary: str, policy: str, worker_urls: Sequence[str], port: int, metrics_port: int) -> list[str]:
-    """``smg launch`` command line for one policy; everything else is smg's default."""
+def smg_argv(binary: str, policy: str, worker_urls: Sequence[str], port: int, metrics_port: int,
+             tuning: Sequence[str] = ()) -> list[str]:
+    """``smg launch`` command line for one policy; everything not in ``tuning`` is smg's default."""
     argv = [binary, "launch", "--worker-urls", *worker_urls, "--policy", policy, "--host", "127.0.0.1",
             "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-            "--log-level", "warn"]
+            "--log-level", "warn", *tuning]
     if policy == "consistent_hashing":
         argv += ["--routing-key-headers", ROUTING_KEY_HEADER]
     return argv
@@ -245,11 +253,12 @@ def smg_argv(binary: str, policy: str, worker_urls: Sequence[str], port: int, me
 class SmgGateway:
     """The smg gateway with one policy in front of the workers; ready when every worker is healthy in it."""
 
-    def __init__(self, procs: Processes, binary: str, policy: str, worker_urls: Sequence[str]) -> None:
+    def __init__(self, procs: Processes, binary: str, policy: str, worker_urls: Sequence[str],
+                 tuning: Sequence[str] = ()) -> None:
         self._procs = procs
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.proc = procs.start(f"smg-{policy}", smg_argv(binary, policy, worker_urls, port, free_port()))
+        self.proc = procs.start(f"smg-{policy}", smg_argv(binary, policy, worker_urls, port, free_port(), tuning))
         want = sorted(u.rstrip("/") for u in worker_urls)
 
         def ready() -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import Processes, SimWorkers, smg_argv
+from agent_cache.bench.realfleet import SMG_POLICIES, SMG_TUNING, Processes, SimWorkers, smg_argv
 from agent_cache.bench.runner import main_bench
 
 SMG = shutil.which("smg")
@@ -138,6 +138,12 @@ def test_smg_flags_are_the_documented_ones() -> None:
     assert argv[argv.index("--policy") + 1] == "consistent_hashing"
     assert argv[argv.index("--routing-key-headers") + 1] == "x-smg-routing-key"
     assert "--routing-key-headers" not in smg_argv("smg", "prefix_hash", ["http://127.0.0.1:1"], 2, 3)
+    # the documented tuning variant is cache_aware with its low threshold, the rest at smg's defaults
+    tuned = smg_argv("smg", SMG_POLICIES["smg-cache_aware-conversational"], ["http://127.0.0.1:1"], 2, 3,
+                     SMG_TUNING["smg-cache_aware-conversational"])
+    assert tuned[tuned.index("--policy") + 1] == "cache_aware"
+    assert tuned[tuned.index("--cache-threshold") + 1] == "0.1"
+    assert "--cache-threshold" not in smg_argv("smg", "cache_aware", ["http://127.0.0.1:1"], 2, 3)
 
 
 @pytest.mark.parametrize("argv, flag, words", [
