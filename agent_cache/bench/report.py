@@ -111,6 +111,8 @@ def results_markdown(doc: Mapping[str, Any]) -> str:
              "Config: " + ", ".join(f"{k}={v}" for k, v in cfg.items() if not isinstance(v, (dict, list))), "",
              markdown_table(doc["policies"])]
     for title, key in (("KV capacity sweep (token hit rate)", "capacity_sweep"),
+                       ("Fleet size sweep (token hit rate)", "workers_sweep"),
+                       ("Router replicas sweep (token hit rate)", "replicas_sweep"),
                        ("Offered load sweep (sessions/s completed)", "load_sweep")):
         sweep = doc.get(key)
         if sweep:

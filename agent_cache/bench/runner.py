@@ -51,14 +51,18 @@ class Preset:
     kind: str = "react"
     capacity_tokens: int = 400_000
     capacity_sweep: tuple[int, ...] = ()
+    workers_sweep: tuple[int, ...] = ()
+    replicas_sweep: tuple[int, ...] = ()
     load_sweep: tuple[float, ...] = ()
     sweep_sessions: int = 0
 
 
 PRESETS = {
     "quick": Preset(workers=8, sessions=300, rate=8.0, capacity_sweep=(8_000, 32_000, 128_000),
+                    workers_sweep=(4, 8, 16), replicas_sweep=(1, 2, 4),
                     load_sweep=(4.0, 16.0, 64.0), sweep_sessions=150),
     "full": Preset(workers=16, sessions=3_000, rate=16.0, capacity_sweep=(8_000, 32_000, 128_000, 400_000),
+                   workers_sweep=(8, 16, 32, 64), replicas_sweep=(1, 2, 4, 8),
                    load_sweep=(8.0, 32.0, 64.0, 128.0), sweep_sessions=600),
     "seed": Preset(workers=8, sessions=1_000, rate=30.0, policies=("no-cache", "agent-cache")),
 }
@@ -200,6 +204,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ys[r.policy].append(_hit(r))
         doc["capacity_sweep"] = {"x_label": "capacity_tokens", "x": list(preset.capacity_sweep), "y": ys,
                                  "sessions": len(small), "metric": "token_hit_rate"}
+        # fleet size and router replicas (replicas matter to policies with local state only)
+        for key, label, values in (("workers_sweep", "workers", preset.workers_sweep),
+                                   ("replicas_sweep", "replicas", preset.replicas_sweep)):
+            if not values:
+                continue
+            ys = {n: [] for n in sweep_names}
+            for x in values:
+                for r in _run_all(small, sweep_names, dataclasses.replace(cfg, **{label: x}), args.seed, log,
+                                  f"{label}={x} ", progress=False):
+                    ys[r.policy].append(_hit(r))
+            doc[key] = {"x_label": label, "x": list(values), "y": ys, "sessions": len(small),
+                        "metric": "token_hit_rate"}
         ys = {n: [] for n in sweep_names}
         p99s: dict[str, list[float]] = {n: [] for n in sweep_names}
         for load in preset.load_sweep:

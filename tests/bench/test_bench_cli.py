@@ -50,16 +50,22 @@ def test_hit_rates_bounded_by_oracle(quick) -> None:
 
 def test_results_files(quick) -> None:
     out, doc = quick
-    assert {"config", "policies", "capacity_sweep", "load_sweep"} <= set(doc)
+    assert {"config", "policies", "capacity_sweep", "load_sweep", "workers_sweep", "replicas_sweep"} <= set(doc)
     assert doc["config"]["workers"] == 8 and doc["config"]["replicas"] == 2
     for m in doc["policies"].values():
         for key in DOCUMENTED:
             assert key in m
         assert isinstance(m["moves"], int)
         assert m["ttft_p50_s"] <= m["ttft_p95_s"] <= m["ttft_p99_s"]
-    for sweep in ("capacity_sweep", "load_sweep"):
+    for sweep in ("capacity_sweep", "load_sweep", "workers_sweep", "replicas_sweep"):
         for ys in doc[sweep]["y"].values():
             assert len(ys) == len(doc[sweep]["x"])
+    # agent-cache shares one store across replicas: its hit rate does not depend on how many there are
+    rep = doc["replicas_sweep"]["y"]["agent-cache"]
+    assert max(rep) - min(rep) < 1e-9, rep
+    for name in ("agent-cache", "oracle", "no-cache"):
+        for ys in (doc["workers_sweep"]["y"][name], rep):
+            assert all(0.0 <= y <= 1.0 for y in ys)
     slo = doc["config"]["slo_ttft_p99_s"]
     assert slo == 0.5
     load = doc["load_sweep"]
