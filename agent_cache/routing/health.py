@@ -69,13 +69,11 @@ class HealthTracker:
             b = self._breakers[url] = CircuitBreaker(*self._args)
         return b
 
-    def is_up(self, url: str) -> bool:
-        """Closed or half-open: the worker may take calls (half-open ones are trials)."""
-        with self._lock:
-            return self._breaker(url).state(self._clock()) != OPEN
-
     def down(self, urls: Iterable[str]) -> set[str]:
-        """The URLs whose breaker is open (one lock and one clock read for the whole pool)."""
+        """The URLs whose breaker is open; the others may take calls (half-open ones are trials).
+
+        One lock and one clock read for the whole pool.
+        """
         with self._lock:
             now = self._clock()
             return {u for u in urls if u in self._breakers and self._breakers[u].state(now) == OPEN}

@@ -69,16 +69,6 @@ class PendingReleases:
                 if t > self._acked.get(w, 0):
                     self._acked[w] = t
 
-    def total(self) -> int:
-        """Releases not acknowledged by the store."""
-        self._own()
-        with self._lock:
-            return sum(t - self._acked.get(w, 0) for w, t in self._released.items())
-
-    def __bool__(self) -> bool:
-        self._own()
-        return self._released != self._acked
-
 
 class ReleaseFlusher:
     """A daemon thread that calls ``flush`` ``delay`` seconds after the first :meth:`kick`."""

@@ -274,7 +274,7 @@ class Router:
 
     def flush(self) -> None:
         """Write pending in-flight releases to the store now."""
-        if not self._pending or self.availability.degraded:
+        if self.availability.degraded:
             return
         releases = self._pending.take()
         if releases is None:
@@ -381,7 +381,7 @@ class Router:
 
     async def aflush(self) -> None:
         """Async :meth:`flush`."""
-        if not self._pending or self.availability.degraded:
+        if self.availability.degraded:
             return
         releases = self._pending.take()
         if releases is None:

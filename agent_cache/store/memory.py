@@ -153,7 +153,7 @@ class MemoryStore:
             self._templates.setdefault((query.tenant, query.template_id), {})[url] = now_ms
         self._outcomes[outcome] = self._outcomes.get(outcome, 0) + 1
 
-    def _release(self, releases: Releases) -> None:
+    def _release(self, releases: ReleaseBatch | Mapping[str, int] | None) -> None:
         if releases is None:
             return
         releases = ReleaseBatch.of(releases)
@@ -175,7 +175,7 @@ class MemoryStore:
 
     def release_many(self, releases: ReleaseBatch | Mapping[str, int], now: float) -> None:
         with self._lock:
-            self._release(ReleaseBatch.of(releases))
+            self._release(releases)
 
     def report(
         self,

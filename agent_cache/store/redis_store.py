@@ -262,10 +262,10 @@ class RedisStore:
         self.release_many({worker: 1}, now)
 
     def release_many(self, releases: ReleaseBatch | Mapping[str, int], now: float) -> None:
-        batch = ReleaseBatch.of(releases)
-        if batch.totals:
+        args = _release_args(releases)
+        if args:
             k = [keys.inflight(self.prefix)]
-            self._call(lambda: self._release(keys=k, args=[self._tag, *_release_args(batch)]))
+            self._call(lambda: self._release(keys=k, args=[self._tag, *args]))
 
     def report(
         self,
@@ -348,11 +348,11 @@ class RedisStore:
         await self.arelease_many({worker: 1}, now)
 
     async def arelease_many(self, releases: ReleaseBatch | Mapping[str, int], now: float) -> None:
-        batch = ReleaseBatch.of(releases)
-        if batch.totals:
+        args = _release_args(releases)
+        if args:
             _, (_, _, release) = self._async()
             k = [keys.inflight(self.prefix)]
-            await self._acall(release(keys=k, args=[self._tag, *_release_args(batch)]))
+            await self._acall(release(keys=k, args=[self._tag, *args]))
 
     async def areport(
         self,
@@ -406,7 +406,7 @@ def _workers_arg(workers: tuple[WorkerSpec, ...]) -> str:
     return "".join(f"{w.url} {w.state} {int(w.capacity)}\n" for w in workers)
 
 
-def _release_args(releases: Releases) -> list[Any]:
+def _release_args(releases: ReleaseBatch | Mapping[str, int] | None) -> list[Any]:
     """A release batch as the scripts' trailing arguments: source, then ``url, total, delta`` triples."""
     if releases is None:
         return []
