@@ -21,7 +21,12 @@ def _sim_worker(args: argparse.Namespace) -> int:
         radix_eviction_policy=args.radix_eviction_policy,
         disable_radix_cache=args.disable_radix_cache,
         enable_cache_report=args.enable_cache_report,
+        enable_metrics=args.enable_metrics,
         max_running_requests=args.max_running_requests,
+        schedule_policy=args.schedule_policy,
+        chunked_prefill_size=args.chunked_prefill_size,
+        max_prefill_tokens=args.max_prefill_tokens,
+        sglang_version=args.sglang_version,
         time_scale=args.time_scale,
         startup_seconds=args.startup_seconds,
     )
@@ -48,6 +53,9 @@ def _non_negative(text: str) -> float:
 
 
 def _add_sim_worker(sub: argparse._SubParsersAction) -> None:
+    from agent_cache.sim.scheduler import SCHEDULE_POLICIES
+    from agent_cache.sim.versions import LATEST_VERSION, SUPPORTED_VERSIONS
+
     p = sub.add_parser("sim-worker", help="run one simulated SGLang worker (flags named as SGLang's)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
@@ -60,7 +68,16 @@ def _add_sim_worker(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--enable-cache-report", action=argparse.BooleanOptionalAction, default=True,
                    help="report cached_tokens in chat usage (SGLang's --enable-cache-report; on by default here)")
-    p.add_argument("--max-running-requests", type=_positive(int), default=64)
+    p.add_argument("--enable-metrics", action="store_true", help="serve /metrics (off by default, as in SGLang)")
+    p.add_argument("--max-running-requests", type=_positive(int), default=None,
+                   help="default: as SGLang derives it, min(max_total_tokens // 2, request pool of 2048-4096)")
+    p.add_argument("--schedule-policy", choices=list(SCHEDULE_POLICIES), default="fcfs",
+                   help="waiting-queue order: fcfs (SGLang's default) or lpm (longest cached prefix first)")
+    p.add_argument("--chunked-prefill-size", type=_positive(int), default=8192,
+                   help="new tokens per prefill pass (SGLang's default on an 80 GB GPU)")
+    p.add_argument("--max-prefill-tokens", type=_positive(int), default=16384)
+    p.add_argument("--sglang-version", choices=list(SUPPORTED_VERSIONS), default=LATEST_VERSION, metavar="0.5.N",
+                   help=f"serve this SGLang release's routes and fields (0.5.1-{LATEST_VERSION}; default {LATEST_VERSION})")
     p.add_argument("--time-scale", type=_non_negative, default=1.0,
                    help="1 = the latency model in real time, 0 = instant (default 1)")
     p.add_argument("--startup-seconds", type=_non_negative, default=0.0, help="answer /health with 503 this long")

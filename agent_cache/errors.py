@@ -103,6 +103,12 @@ class MalformedResponseError(BackendError, ModelAPIError):
     retryable = True
 
 
+class WorkerAbortedError(BackendError, ModelAPIError):
+    """The worker aborted the request (SGLang's ``finish_reason: abort``): not an answer; try again."""
+
+    retryable = True
+
+
 class StreamError(BackendError, ModelAPIError):
     """A stream ended without ``[DONE]`` or carried an error event."""
 

@@ -18,6 +18,7 @@ from agent_cache.errors import (
     ContextLengthError,
     MalformedResponseError,
     StreamError,
+    WorkerAbortedError,
     WorkerBadRequestError,
     WorkerRateLimitError,
     WorkerServerError,
@@ -193,8 +194,19 @@ def _usage(obj: Any) -> Usage | None:
     )
 
 
+def _check_abort(finish: Any, url: str) -> None:
+    """SGLang reports a request it aborted (memory, shutdown, /abort_request) as a finish reason."""
+    if finish == "abort" or (isinstance(finish, dict) and finish.get("type") == "abort"):
+        detail = finish.get("message") if isinstance(finish, dict) else None
+        raise WorkerAbortedError(f"the worker aborted the request{': ' + str(detail) if detail else ''}", url=url)
+
+
 def parse_chat(data: Any, url: str) -> ChatResult:
-    """Parse a ChatCompletionResponse."""
+    """Parse a ChatCompletionResponse (raises WorkerAbortedError for ``finish_reason: abort``)."""
+    try:
+        _check_abort(data["choices"][0].get("finish_reason"), url)
+    except (KeyError, IndexError, TypeError, AttributeError):
+        pass  # reported as malformed below
     try:
         choice = data["choices"][0]
         message = choice["message"]
@@ -237,6 +249,7 @@ def parse_chat_chunk(data: Any, url: str) -> ChatChunk:
             content = delta.get("content")
             reasoning = delta.get("reasoning_content")
             finish = choice.get("finish_reason")
+            _check_abort(finish, url)
             for tc in delta.get("tool_calls") or []:
                 fn = tc.get("function") or {}
                 deltas.append(
@@ -263,6 +276,10 @@ def parse_chat_chunk(data: Any, url: str) -> ChatChunk:
 
 def parse_generate(data: Any, url: str) -> GenerateResult:
     """Parse a ``/generate`` response object (one element, not a batch)."""
+    try:
+        _check_abort(data["meta_info"].get("finish_reason"), url)
+    except (KeyError, TypeError, AttributeError):
+        pass  # reported as malformed below
     try:
         meta = data["meta_info"]
         return GenerateResult(

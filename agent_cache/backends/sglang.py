@@ -84,6 +84,7 @@ class _Base:
         self.base_url = normalize_worker_url(base_url)
         self.timeout = timeout
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._info_paths: dict[str, str] = {}  # the metadata route this worker answered
 
     def _map_transport(self, exc: Exception) -> BackendError:
         if isinstance(exc, httpx.TimeoutException):
@@ -252,11 +253,24 @@ class SGLangClient(_Base):
         """``GET /health``; returns when healthy, raises a BackendError otherwise."""
         self._check(self._request("GET", "/health", timeout=_timeout(timeout)))
 
+    def _info(self, name: str) -> dict[str, Any]:
+        # /server_info and /model_info from SGLang 0.5.6; /get_* before (and as aliases after)
+        path = self._info_paths.get(name, f"/{name}")
+        response = self._request("GET", path)
+        if response.status_code == 404 and path == f"/{name}":
+            path = f"/get_{name}"
+            response = self._request("GET", path)
+            if response.status_code != 404:
+                self._info_paths[name] = path
+        return self._json(response, path)
+
     def server_info(self) -> dict[str, Any]:
-        return self._json(self._request("GET", "/server_info"), "/server_info")
+        """``/server_info`` (``/get_server_info`` on SGLang before 0.5.6)."""
+        return self._info("server_info")
 
     def model_info(self) -> dict[str, Any]:
-        return self._json(self._request("GET", "/model_info"), "/model_info")
+        """``/model_info`` (``/get_model_info`` on SGLang before 0.5.6)."""
+        return self._info("model_info")
 
     def models(self) -> dict[str, Any]:
         return self._json(self._request("GET", "/v1/models"), "/v1/models")
@@ -401,11 +415,23 @@ class AsyncSGLangClient(_Base):
     async def health(self, *, timeout: float | None = 10.0) -> None:
         self._check(await self._request("GET", "/health", timeout=_timeout(timeout)))
 
+    async def _info(self, name: str) -> dict[str, Any]:
+        path = self._info_paths.get(name, f"/{name}")
+        response = await self._request("GET", path)
+        if response.status_code == 404 and path == f"/{name}":
+            path = f"/get_{name}"
+            response = await self._request("GET", path)
+            if response.status_code != 404:
+                self._info_paths[name] = path
+        return self._json(response, path)
+
     async def server_info(self) -> dict[str, Any]:
-        return self._json(await self._request("GET", "/server_info"), "/server_info")
+        """``/server_info`` (``/get_server_info`` on SGLang before 0.5.6)."""
+        return await self._info("server_info")
 
     async def model_info(self) -> dict[str, Any]:
-        return self._json(await self._request("GET", "/model_info"), "/model_info")
+        """``/model_info`` (``/get_model_info`` on SGLang before 0.5.6)."""
+        return await self._info("model_info")
 
     async def models(self) -> dict[str, Any]:
         return self._json(await self._request("GET", "/v1/models"), "/v1/models")

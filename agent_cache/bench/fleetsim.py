@@ -1,26 +1,23 @@
 """Discrete-event simulation of an SGLang fleet on a virtual clock.
 
-N workers, each with a :class:`~agent_cache.sim.radix.RadixCache` and the
-shared :class:`~agent_cache.sim.latency.LatencyModel`. Sessions are
-closed-loop: call k+1 is issued after call k returns plus the session's tool
-time. Per call:
+N workers, each one :class:`~agent_cache.sim.scheduler.WorkerModel`: the
+same scheduler model the simulated HTTP worker runs (prefill-first forward
+passes one at a time, chunked prefill, token-budget admission, radix cache
+with eviction, retraction), so a bad placement costs here what it costs
+there. Sessions are closed-loop: call k+1 is issued after call k returns
+plus the session's tool time. Per call:
 
 1. the policy picks a worker (at the call's arrival time);
-2. the worker admits it when fewer than ``max_running_requests`` run,
-   otherwise it queues (FIFO);
-3. on admission the prompt's longest cached prefix is matched and locked;
-   the uncached tokens are prefilled. Prefills on one worker are serialised
-   (the GPU computes one prefill batch at a time), so
-   TTFT = queue wait + wait for earlier prefills + own prefill;
-4. the prompt is inserted into the cache when its prefill ends (later calls
-   can hit it while this one decodes), prompt + output when the call ends.
+2. the call joins that worker's waiting queue; a worker whose GPU is idle
+   starts its next forward pass at once;
+3. each pass ends at ``start + its cost``; a call's TTFT is the end of the
+   pass that prefilled its last prompt token, less its arrival;
+4. the call ends with its last decode step; its prompt and output stay in
+   the worker's cache (evictable) for the session's next call.
 
-Decode is approximated cheaply: a call's decode time is fixed when its
-prefill ends, ``(n_out - 1) x decode_step(batch KV)``, with the batch KV
-being the context of every call running on that worker at that moment. It
-ignores batch changes during the decode and the stall prefills cause to
-running decodes. Eviction is amortised: when an insert would overflow, at
-least 1/32 of the capacity is freed at once (SGLang also evicts in bulk).
+Cache modes of a policy: ``radix`` (each worker's own cache), ``none``
+(radix cache disabled) and ``oracle`` (one infinite cache the whole fleet
+shares: an upper bound on hits, with the same GPU timing).
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ from __future__ import annotations
 import heapq
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -36,8 +32,10 @@ from agent_cache.bench.policies import RoutingPolicy
 from agent_cache.bench.workloads import CallSpec, SessionSpec
 from agent_cache.sim.latency import DEFAULT_LATENCY, LatencyModel
 from agent_cache.sim.radix import RadixCache
+from agent_cache.sim.scheduler import DONE, FIRST_TOKEN, SchedulerConfig, SimRequest, WorkerModel
 
-_ARRIVE, _PREFILLED, _DONE = 0, 1, 2
+_ARRIVE, _PASS_DONE = 0, 1
+_ORACLE_TOKENS = 1 << 50
 
 
 @dataclass(frozen=True)
@@ -47,7 +45,20 @@ class FleetConfig:
     page_size: int = 1
     eviction_policy: str = "lru"
     replicas: int = 1
+    schedule_policy: str = "fcfs"
+    max_running_requests: int | None = None  # None: as SGLang derives it
     latency: LatencyModel = DEFAULT_LATENCY
+
+    def scheduler_config(self, cache: str) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_total_tokens=_ORACLE_TOKENS if cache == "oracle" else self.capacity_tokens,
+            page_size=self.page_size, radix_eviction_policy=self.eviction_policy,
+            disable_radix_cache=cache == "none", schedule_policy=self.schedule_policy,
+            max_running_requests=self.max_running_requests
+            if self.max_running_requests is not None or cache != "oracle"
+            else SchedulerConfig(max_total_tokens=self.capacity_tokens).running_limit,
+            latency=self.latency,
+        )
 
 
 @dataclass
@@ -69,29 +80,9 @@ class RunResult:
     imbalance_sum: float = 0.0
     imbalance_samples: int = 0
     moves: int = 0
+    evicted_tokens: int = 0
+    retractions: int = 0
     wall_s: float = 0.0
-
-
-class _Worker:
-    __slots__ = ("cache", "running", "inflight", "ctx", "queue", "prefill_free")
-
-    def __init__(self, cache: RadixCache | None) -> None:
-        self.cache = cache
-        self.running = 0
-        self.inflight = 0  # queued + running
-        self.ctx = 0  # KV tokens of the running calls
-        self.queue: deque = deque()
-        self.prefill_free = 0.0
-
-
-class _Req:
-    __slots__ = ("sess", "call", "prompt", "worker", "replica", "t_arrive", "cached", "node", "ctx")
-
-    def __init__(self, sess: "_Sess", call: CallSpec, prompt: list[int], worker: int, replica: int, t: float) -> None:
-        self.sess, self.call, self.prompt, self.worker, self.replica, self.t_arrive = sess, call, prompt, worker, replica, t
-        self.cached = 0
-        self.node = None
-        self.ctx = 0
 
 
 class _Sess:
@@ -105,31 +96,31 @@ class _Sess:
 
 
 class _Fleet:
-    """The policies' view of the fleet: true in-flight counts and cached tokens (what the store reports)."""
+    """The policies' view of the fleet: in-flight calls and cached tokens per worker."""
 
-    def __init__(self, workers: list[_Worker], capacity: int) -> None:
-        self.workers = workers
-        self.n = len(workers)
+    def __init__(self, models: list[WorkerModel], capacity: int) -> None:
+        self.models = models
+        self.n = len(models)
         self.capacity = capacity
 
     def inflight(self, i: int) -> int:
-        return self.workers[i].inflight
+        m = self.models[i]
+        return m.num_running + m.num_waiting
 
     def kv_tokens(self, i: int) -> int:
-        c = self.workers[i].cache
-        return c.total_tokens if c is not None else 0
+        return self.models[i].cache.total_tokens
 
 
 def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetConfig,
              progress: Callable[[int, int], None] | None = None) -> RunResult:
     """Run every session through the fleet under ``policy``; returns measurements."""
     wall0 = time.perf_counter()
-    lat = cfg.latency
     mode = policy.cache
-    workers = [_Worker(RadixCache(cfg.capacity_tokens, page_size=cfg.page_size, eviction_policy=cfg.eviction_policy)
-                       if mode == "radix" else None) for _ in range(cfg.workers)]
-    oracle = RadixCache(1 << 50, page_size=cfg.page_size) if mode == "oracle" else None
-    fleet = _Fleet(workers, cfg.capacity_tokens)
+    sched = cfg.scheduler_config(mode)
+    shared = RadixCache(_ORACLE_TOKENS, page_size=cfg.page_size) if mode == "oracle" else None
+    models = [WorkerModel(sched, cache=shared) for _ in range(cfg.workers)]
+    busy = [False] * cfg.workers
+    fleet = _Fleet(models, cfg.capacity_tokens)
     res = RunResult(policy.name, sessions=len(sessions))
     heap: list = []
     seq = 0
@@ -142,45 +133,25 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
         seq += 1
     heapq.heapify(heap)
     res.first_arrival = min((s.arrival_s for s in sessions), default=0.0)
-    kv_total = 0  # tokens held across the fleet's caches (or running KV without caches)
     n_calls = 0
     replicas = policy.replicas
     tmpl_form = policy.form == "tmpl"
-    max_run = lat.max_running_requests
-    evict_chunk = max(1, cfg.capacity_tokens // 32)
     report_every = max(1, len(sessions) // 20)
 
-    def insert(w: _Worker, ids: list[int], known: int) -> None:
-        nonlocal kv_total
-        c = w.cache
-        if c is None:
+    def start_pass(wi: int, now: float) -> None:
+        nonlocal seq
+        it = models[wi].next_iteration()
+        if it is None:
+            busy[wi] = False
             return
-        before = c.total_tokens
-        over = before + len(ids) - known - c.capacity
-        if over > 0:
-            c.evict(over + evict_chunk)
-        c.insert(ids)
-        kv_total += c.total_tokens - before
-
-    def admit(w: _Worker, r: _Req, now: float) -> None:
-        nonlocal seq, kv_total
-        prompt = r.prompt
-        if w.cache is not None:
-            m = w.cache.match_prefix(prompt)
-            r.cached, r.node = m.length, m.node
-            w.cache.lock(m.node)
-        elif oracle is not None:
-            r.cached = oracle.match_prefix(prompt).length
-        r.ctx = len(prompt) + len(r.call.output)
-        w.running += 1
-        w.ctx += r.ctx
-        if w.cache is None:
-            kv_total += r.ctx  # without a cache only running calls hold KV
-        start = now if now > w.prefill_free else w.prefill_free
-        end = start + lat.prefill_seconds(len(prompt) - r.cached)
-        w.prefill_free = end
-        heapq.heappush(heap, (end, seq, _PREFILLED, r))
+        busy[wi] = True
+        heapq.heappush(heap, (now + it.seconds, seq, _PASS_DONE, (wi, it)))
         seq += 1
+
+    def kv_held() -> int:
+        if shared is not None:
+            return shared.total_tokens + shared.outside_tokens
+        return sum(m.cache.total_tokens + m.cache.outside_tokens for m in models)
 
     while heap:
         now, _, kind, obj = heapq.heappop(heap)
@@ -192,54 +163,27 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
             n_calls += 1
             tid = call.tmpl_template if tmpl_form else call.raw_template
             wi = policy.route(st.spec.session_id, tid, fleet, replica)
-            w = workers[wi]
-            r = _Req(st, call, call.tmpl if tmpl_form else call.raw, wi, replica, now)
-            w.inflight += 1
-            total = sum(x.inflight for x in workers)
-            res.imbalance_sum += max(x.inflight for x in workers) * len(workers) / total
+            req = SimRequest(prompt=call.tmpl if tmpl_form else call.raw, output_len=max(1, len(call.output)),
+                             output=call.output, max_new_tokens=None, tag=(st, replica, wi))
+            models[wi].submit(req, now)
+            total = sum(fleet.inflight(i) for i in range(fleet.n))
+            res.imbalance_sum += max(fleet.inflight(i) for i in range(fleet.n)) * fleet.n / total
             res.imbalance_samples += 1
-            if w.running < max_run:
-                admit(w, r, now)
-            else:
-                w.queue.append(r)
-        elif kind == _PREFILLED:
-            r = obj
-            w = workers[r.worker]
-            res.ttfts.append(now - r.t_arrive)
-            if w.cache is not None:
-                insert(w, r.prompt, r.cached)
-                w.cache.unlock(r.node)
-                m = w.cache.match_prefix(r.prompt)  # hold the full prompt path while decoding
-                r.node = m.node
-                w.cache.lock(m.node)
-            elif oracle is not None:
-                oracle.insert(r.prompt)
-            n_out = len(r.call.output)
-            dur = max(0, n_out - 1) * lat.decode_step_seconds(w.ctx) if n_out else 0.0
-            heapq.heappush(heap, (now + dur, seq, _DONE, r))
-            seq += 1
-        else:
-            r = obj
-            w = workers[r.worker]
-            full = r.prompt + r.call.output
-            if w.cache is not None:
-                insert(w, full, len(r.prompt))
-                w.cache.unlock(r.node)
-            elif oracle is not None:
-                oracle.insert(full)
-            else:
-                kv_total -= r.ctx
-            w.running -= 1
-            w.inflight -= 1
-            w.ctx -= r.ctx
+            if not busy[wi]:
+                start_pass(wi, now)
+            continue
+        wi, it = obj
+        for req, event in models[wi].finish_iteration(it, now):
+            if event == FIRST_TOKEN:
+                res.ttfts.append(now - req.arrival)
+                continue
+            assert event == DONE
+            st, replica, _ = req.tag
             res.calls += 1
-            res.prompt_tokens += len(r.prompt)
-            res.cached_tokens += r.cached
-            res.output_tokens += len(r.call.output)
-            policy.completed(r.replica, r.worker, r.sess.spec.session_id, r.cached)
-            while w.queue and w.running < max_run:
-                admit(w, w.queue.popleft(), now)
-            st = r.sess
+            res.prompt_tokens += len(req.prompt)
+            res.cached_tokens += req.cached
+            res.output_tokens += len(req.output)
+            policy.completed(replica, wi, st.spec.session_id, req.cached)
             st.next = next(st.calls, None)
             if st.next is not None:
                 heapq.heappush(heap, (now + st.next.think_s, seq, _ARRIVE, st))
@@ -251,11 +195,15 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
                 policy.session_done(st.spec.session_id)
                 if progress is not None and res.sessions_done % report_every == 0:
                     progress(res.sessions_done, len(sessions))
-        if kv_total > res.peak_kv_tokens:
-            res.peak_kv_tokens = kv_total
-    if oracle is not None:
-        res.peak_kv_tokens = oracle.total_tokens  # everything ever produced: the "infinite" cache
+        start_pass(wi, now)
+        held = kv_held()
+        if held > res.peak_kv_tokens:
+            res.peak_kv_tokens = held
+    if shared is not None:
+        res.peak_kv_tokens = shared.total_tokens  # everything ever produced: the "infinite" cache
     res.moves = policy.moves
+    res.evicted_tokens = sum(m.cache.evicted_tokens for m in models) if shared is None else 0
+    res.retractions = sum(m.counters.retractions for m in models)
     res.wall_s = time.perf_counter() - wall0
     return res
 

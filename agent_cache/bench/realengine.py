@@ -47,7 +47,9 @@ from agent_cache.bench.realfleet import (
 from agent_cache.bench.realload import REAL_POLICIES, Job, ReplicaResult, Replicas
 from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate, load_trace
 from agent_cache.errors import ConfigError
+from agent_cache.sim.engine import WorkerOptions
 from agent_cache.sim.latency import DEFAULT_LATENCY
+from agent_cache.sim.scheduler import default_max_running_requests
 
 SIM_ONLY = ("oracle", "no-cache")
 
@@ -230,7 +232,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "replicas": k, "sessions": len(sessions), "rate_sessions_per_s": args.rate or preset.rate,
         "arrivals": args.arrivals, "capacity_tokens_per_worker": capacity, "page_size": args.page_size,
         "seed": args.seed, "time_scale": time_scale, "model": DEFAULT_LATENCY.model.name,
-        "gpu": DEFAULT_LATENCY.gpu.name, "max_running_requests": DEFAULT_LATENCY.max_running_requests,
+        "gpu": DEFAULT_LATENCY.gpu.name,
+        "max_running_requests": default_max_running_requests(capacity, WorkerOptions().context_length),
         "smg_version": smg_version(smg) if smg else None,
         "redis": "given (--redis)" if args.redis else "private redis-server", "cpu_count": os.cpu_count(),
         "sim_only_policies": list(SIM_ONLY),
@@ -245,7 +248,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         replicas = stack.enter_context(Replicas(k))
         log(f"starting {n_workers} simulated workers (time scale {time_scale:g}), Redis, {k} load replica(s)")
         workers = SimWorkers(procs, n_workers, time_scale=time_scale, capacity_tokens=capacity,
-                             page_size=args.page_size, max_running_requests=DEFAULT_LATENCY.max_running_requests)
+                             page_size=args.page_size)
         stack.callback(workers.close)
         redis_url = args.redis or start_redis(procs)
         for name in names:

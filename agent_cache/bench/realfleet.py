@@ -167,7 +167,7 @@ class SimWorkers:
     """N simulated SGLang workers (``agent-cache sim-worker``) on free loopback ports."""
 
     def __init__(self, procs: Processes, n: int, *, time_scale: float, capacity_tokens: int, page_size: int = 1,
-                 max_running_requests: int = 64) -> None:
+                 max_running_requests: int | None = None) -> None:
         self.urls: list[str] = []
         self._procs: list[Proc] = []
         for i in range(n):
@@ -175,8 +175,9 @@ class SimWorkers:
             argv = [sys.executable, "-m", "agent_cache.cli", "sim-worker", "--host", "127.0.0.1", "--port", str(port),
                     "--served-model-name", MODEL, "--time-scale", repr(float(time_scale)),
                     "--max-total-tokens", str(capacity_tokens), "--page-size", str(page_size),
-                    "--max-running-requests", str(max_running_requests), "--enable-cache-report",
-                    "--log-level", "warning"]
+                    "--enable-cache-report", "--enable-metrics", "--log-level", "warning"]
+            if max_running_requests is not None:
+                argv += ["--max-running-requests", str(max_running_requests)]
             self._procs.append(procs.start(f"sim-worker-{i}", argv))
             self.urls.append(f"http://127.0.0.1:{port}")
         self._http = httpx.Client(timeout=5.0)

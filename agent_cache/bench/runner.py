@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "trace": args.trace, "workers": workers, "replicas": args.replicas, "sessions": len(sessions),
         "rate_sessions_per_s": rate, "arrivals": args.arrivals, "capacity_tokens_per_worker": cfg.capacity_tokens,
         "page_size": cfg.page_size, "seed": args.seed, "model": cfg.latency.model.name, "gpu": cfg.latency.gpu.name,
-        "max_running_requests": cfg.latency.max_running_requests,
+        "max_running_requests": cfg.scheduler_config("radix").running_limit, "schedule_policy": cfg.schedule_policy,
     }
     doc: dict[str, Any] = {"config": config, "policies": report.all_metrics(results)}
     sweep_names = tuple(n for n in _SWEEP_POLICIES if n in names)

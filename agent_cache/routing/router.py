@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
@@ -22,6 +23,7 @@ from agent_cache.errors import (
     StoreError,
     StoreUnavailableError,
     WorkerConnectionError,
+    WorkerTimeoutError,
 )
 from agent_cache.routing.config import DEFAULT_POOL, WorkerConfig, parse_pools, parse_worker, parse_workers
 from agent_cache.routing.degraded import StoreAvailability, logger
@@ -35,6 +37,7 @@ from agent_cache.store.memory import MemoryStore
 
 T = TypeVar("T")
 DEFAULT_CAPACITY = 200_000  # KV tokens assumed until /server_info answers
+DEFAULT_PROBE_TIMEOUT = 5.0  # SGLang's /health takes >= 1 s (a one-token generation after a 1 s sleep)
 # How late other processes may see a finished call (its in-flight count).
 # Agent calls last seconds; 10 ms of staleness does not change a placement,
 # and not paying a round trip per finished call halves the store traffic.
@@ -72,7 +75,11 @@ class Router:
     :class:`MemoryStore`), or pass ``redis_url`` to share decisions across
     processes. ``probe_interval``: seconds between active ``/health`` probes
     in a background thread (``None``: no probes; breakers then reopen lazily
-    after their cooldown and the next call is the trial). ``release_delay``:
+    after their cooldown and the next call is the trial). ``probe_timeout``:
+    SGLang's ``/health`` runs a one-token generation and waits at least 1 s
+    (up to 20 s under load), so the default is 5 s and a probe that times out
+    counts as a soft failure: ``failure_threshold`` of them in a row open the
+    breaker, while a refused connection or an error status opens it at once. ``release_delay``:
     with a store behind a network (Redis), a finished call's in-flight count
     rides on this router's next store write, or is written by a background
     thread after at most this many seconds (``0``: its own round trip at once).
@@ -89,7 +96,7 @@ class Router:
         policy: Policy | None = None,
         pools: Mapping[str, float] | None = None,
         probe_interval: float | None = 5.0,
-        probe_timeout: float = 2.0,
+        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
         failure_threshold: int = 3,
         cooldown: float = 2.0,
         max_attempts: int = 3,
@@ -449,26 +456,38 @@ class Router:
         return c
 
     def probe_once(self) -> None:
-        """Probe every worker's ``/health`` now (the background thread calls this)."""
-        for w in list(self._workers):
-            if self._stop.is_set():
-                return
-            client = self._client(w.url)
-            try:
-                client.health(timeout=self._probe_timeout)
-                if w.url not in self._capacity:
-                    cap = client.server_info().get("max_total_num_tokens")
-                    if isinstance(cap, int) and cap > 0:
-                        self._capacity[w.url] = cap
-            except BackendError as exc:
-                if self.health.failure(w.url, hard=True):
-                    logger.warning("worker %s failed its health probe: %s", w.url, exc)
-                self.metrics.healthy.labels(w.url).set(0)
-                continue
-            if self.health.success(w.url):
-                logger.warning("worker %s healthy again", w.url)
-            self.metrics.healthy.labels(w.url).set(1)
+        """Probe every worker's ``/health`` now, in parallel (the background thread calls this)."""
+        workers = [w for w in list(self._workers)]
+        if not workers or self._stop.is_set():
+            return
+        with ThreadPoolExecutor(max_workers=min(16, len(workers)), thread_name_prefix="agent-cache-probe") as pool:
+            list(pool.map(self._probe_worker, workers))
         self._refresh_gauges()
+
+    def _probe_worker(self, w: WorkerConfig) -> None:
+        if self._stop.is_set():
+            return
+        client = self._client(w.url)
+        try:
+            client.health(timeout=self._probe_timeout)
+        except BackendError as exc:
+            # a slow /health is SGLang under load, not a dead worker: soft
+            hard = not isinstance(exc, WorkerTimeoutError)
+            if self.health.failure(w.url, hard=hard):
+                logger.warning("worker %s failed its health probe: %s", w.url, exc)
+            self.metrics.healthy.labels(w.url).set(0)
+            return
+        if self.health.success(w.url):
+            logger.warning("worker %s healthy again", w.url)
+        self.metrics.healthy.labels(w.url).set(1)
+        if w.url not in self._capacity:
+            try:  # metadata is not health: a worker without the route is still up
+                cap = client.server_info().get("max_total_num_tokens")
+            except BackendError as exc:
+                logger.info("worker %s: no capacity from its server info (%s)", w.url, exc)
+                return
+            if isinstance(cap, int) and cap > 0:
+                self._capacity[w.url] = cap
 
     def _refresh_gauges(self) -> None:
         if self.availability.degraded:

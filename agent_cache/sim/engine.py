@@ -1,9 +1,11 @@
-"""The simulated worker's engine: cache, admission, timing and counters.
+"""The simulated worker's engine: the scheduler model driven in (scaled) real time.
 
 No HTTP here (that is :mod:`agent_cache.sim.server`). One engine is one
-SGLang worker: a radix cache over token ids, at most
-``max_running_requests`` requests at once, the latency model of
-:mod:`agent_cache.sim.latency` scaled by ``time_scale`` (0 = no sleeping).
+SGLang worker: a :class:`~agent_cache.sim.scheduler.WorkerModel` (radix
+cache, token-budget admission, one forward pass at a time) run by one
+asyncio task that sleeps each pass's cost x ``time_scale`` (0 = no
+sleeping: passes follow each other at once, and the model's own clock
+advances by their cost, so TTFT figures in ``/metrics`` stay meaningful).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from typing import Sequence
 
 from agent_cache.sim.chat_template import decode, encode_text
 from agent_cache.sim.latency import DEFAULT_LATENCY, LatencyModel
-from agent_cache.sim.radix import RadixCache
+from agent_cache.sim.scheduler import DONE, FIRST_TOKEN, SchedulerConfig, SimRequest, WorkerModel
+from agent_cache.sim.versions import LATEST_VERSION, SGLangVersion
 
-SIM_VERSION = "0.5.4-sim"
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+# sglang/srt/metrics/collector.py: the default TTFT histogram buckets
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
 
 
 @dataclass
@@ -34,33 +37,53 @@ class WorkerOptions:
     radix_eviction_policy: str = "lru"  # --radix-eviction-policy
     disable_radix_cache: bool = False  # --disable-radix-cache
     enable_cache_report: bool = True  # --enable-cache-report
-    max_running_requests: int = 64  # --max-running-requests
+    enable_metrics: bool = True  # --enable-metrics (the CLI defaults to off, as SGLang)
+    max_running_requests: int | None = None  # --max-running-requests (None: as SGLang derives it)
+    schedule_policy: str = "fcfs"  # --schedule-policy
+    chunked_prefill_size: int = 8192  # --chunked-prefill-size
+    max_prefill_tokens: int = 16384  # --max-prefill-tokens
+    sglang_version: str = LATEST_VERSION  # routes and fields of this SGLang release
     time_scale: float = 0.0  # 1.0 = the latency model in real time, 0 = instant
     startup_seconds: float = 0.0  # /health answers 503 this long after start
     latency: LatencyModel = DEFAULT_LATENCY
 
+    def scheduler_config(self) -> SchedulerConfig:
+        version = SGLangVersion.parse(self.sglang_version)
+        return SchedulerConfig(
+            max_total_tokens=self.max_total_tokens, context_length=self.context_length, page_size=self.page_size,
+            radix_eviction_policy=self.radix_eviction_policy if version.lfu_counts_hits else "lru",
+            disable_radix_cache=self.disable_radix_cache, schedule_policy=self.schedule_policy,
+            chunked_prefill_size=self.chunked_prefill_size, max_prefill_tokens=self.max_prefill_tokens,
+            max_running_requests=self.max_running_requests, latency=self.latency,
+        )
+
 
 @dataclass
-class Counters:
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    cached_tokens: int = 0
-    requests: int = 0
-    last_cache_hit_rate: float = 0.0
-    ttft_sum: float = 0.0
-    ttft_buckets: list = field(default_factory=lambda: [0] * (len(TTFT_BUCKETS) + 1))
+class Histogram:
+    """A Prometheus histogram of seconds over fixed buckets."""
 
-    def observe_ttft(self, seconds: float) -> None:
-        self.ttft_sum += seconds
-        for i, bound in enumerate(TTFT_BUCKETS):
+    buckets: tuple[float, ...]
+    sum: float = 0.0
+    counts: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.buckets) + 1)
+
+    def observe(self, seconds: float) -> None:
+        self.sum += seconds
+        for i, bound in enumerate(self.buckets):
             if seconds <= bound:
-                self.ttft_buckets[i] += 1
+                self.counts[i] += 1
                 return
-        self.ttft_buckets[-1] += 1
+        self.counts[-1] += 1
 
 
 class PromptTooLong(ValueError):
     pass
+
+
+class Aborted(RuntimeError):
+    """The request was aborted inside the worker (SGLang's ``finish_reason: abort``)."""
 
 
 def apply_stop(text: str, stop: Sequence[str] | None, max_tokens: int | None) -> tuple[list[int], str, str, str | None]:
@@ -79,103 +102,133 @@ def apply_stop(text: str, stop: Sequence[str] | None, max_tokens: int | None) ->
     return ids, text, finish, matched
 
 
+class _Waiter:
+    __slots__ = ("done", "tokens", "sent")
+
+    def __init__(self, done: "asyncio.Future[None]", tokens: "asyncio.Queue[int] | None") -> None:
+        self.done, self.tokens, self.sent = done, tokens, 0
+
+
 class Engine:
     def __init__(self, options: WorkerOptions | None = None) -> None:
         self.options = options or WorkerOptions()
-        o = self.options
-        self.cache = RadixCache(o.max_total_tokens, page_size=o.page_size, eviction_policy=o.radix_eviction_policy)
-        self.counters = Counters()
+        self.version = SGLangVersion.parse(self.options.sglang_version)
+        self.model = WorkerModel(self.options.scheduler_config())
+        self.ttft = Histogram(TTFT_BUCKETS)
         self.started_at = time.monotonic()
-        self.running = 0
-        self.queued = 0
-        self.running_context_tokens = 0
-        self._slots: asyncio.Semaphore | None = None
+        self.created = int(time.time())
+        self._vtime = 0.0  # the model's clock when time_scale is 0
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+
+    # --- state the HTTP layer reports ------------------------------------------
+
+    @property
+    def cache(self):  # noqa: ANN201 - the RadixCache
+        return self.model.cache
+
+    @property
+    def counters(self):  # noqa: ANN201 - scheduler.Counters
+        return self.model.counters
+
+    @property
+    def running(self) -> int:
+        return self.model.num_running
+
+    @property
+    def queued(self) -> int:
+        return self.model.num_waiting
+
+    @property
+    def max_running_requests(self) -> int:
+        return self.model.config.running_limit
 
     @property
     def ready(self) -> bool:
         return time.monotonic() - self.started_at >= self.options.startup_seconds
 
-    def _semaphore(self) -> asyncio.Semaphore:
-        # created lazily inside the server's loop
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.options.max_running_requests)
-        return self._slots
+    def now(self) -> float:
+        """The model's clock, in modelled seconds."""
+        scale = self.options.time_scale
+        return (time.monotonic() - self.started_at) / scale if scale > 0 else self._vtime
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
-        limit = min(self.options.max_total_tokens, self.options.context_length)
-        if len(prompt_ids) >= limit:
-            raise PromptTooLong(
-                f"The input ({len(prompt_ids)} tokens) is longer than the model's context length "
-                f"({limit} tokens; max_total_num_tokens={self.options.max_total_tokens})."
-            )
+        reason = self.model.check_prompt(len(prompt_ids))
+        if reason:
+            raise PromptTooLong(reason)
 
-    async def _sleep(self, seconds: float) -> None:
-        if self.options.time_scale > 0 and seconds > 0:
-            await asyncio.sleep(seconds * self.options.time_scale)
+    # --- requests --------------------------------------------------------------
 
     async def serve(
         self,
         prompt_ids: Sequence[int],
         output_ids: list[int],
         *,
+        max_new_tokens: int | None = None,
         extra_key: str | None = None,
         on_token: "asyncio.Queue[int] | None" = None,
     ) -> tuple[int, float]:
-        """Run one request; returns ``(cached_tokens, ttft_seconds)``.
+        """Run one request to its end; returns ``(cached_tokens, ttft_model_seconds)``.
 
-        With ``on_token``, puts the number of tokens emitted so far after each
-        decode step (the streaming path reads it).
+        With ``on_token``, puts the number of output tokens emitted so far
+        after each forward pass that produced one (the streaming path reads it).
         """
-        o = self.options
-        start = time.monotonic()
-        self.queued += 1
-        slots = self._semaphore()
-        await slots.acquire()
-        self.queued -= 1
-        self.running += 1
-        self.running_context_tokens += len(prompt_ids)
-        node = None
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop.create_future(), on_token)
+        req = SimRequest(prompt=list(prompt_ids), output_len=max(1, len(output_ids)), output=output_ids,
+                         max_new_tokens=max_new_tokens, extra_key=extra_key, tag=waiter)
+        self.model.submit(req, self.now())
+        self._kick()
         try:
-            cached = 0
-            if not o.disable_radix_cache:
-                # SGLang always computes the last prompt token, for its logits
-                match = self.cache.match_prefix(prompt_ids[:-1], extra_key)
-                cached, node = match.length, match.node
-                self.cache.lock(node)
-            await self._sleep(o.latency.prefill_seconds(len(prompt_ids) - cached))
-            ttft = time.monotonic() - start
-            if not o.disable_radix_cache:
-                self.cache.insert(prompt_ids, extra_key)  # prompt KV is shareable once prefilled
-            self.counters.prompt_tokens += len(prompt_ids)
-            self.counters.cached_tokens += cached
-            self.counters.requests += 1
-            self.counters.last_cache_hit_rate = cached / max(1, len(prompt_ids))
-            step = o.latency.decode_step_seconds(self.running_context_tokens)
-            if on_token is not None:
-                for i in range(1, len(output_ids) + 1):
-                    if i > 1:
-                        await self._sleep(step)
-                    on_token.put_nowait(i)
-            else:
-                await self._sleep(o.latency.decode_seconds(len(output_ids), self.running_context_tokens))
-            self.counters.generation_tokens += len(output_ids)
-            self.counters.observe_ttft(ttft if o.time_scale == 0 else ttft / o.time_scale)
-            if not o.disable_radix_cache:
-                self.cache.insert(list(prompt_ids) + list(output_ids), extra_key)
-            return cached, ttft
+            await waiter.done
         finally:
-            if node is not None:
-                self.cache.unlock(node)
-            self.running -= 1
-            self.running_context_tokens -= len(prompt_ids)
-            slots.release()
+            if not req.finished:
+                self.model.abort(req)  # the client went away: free its KV as SGLang's abort does
+        assert req.first_token_at is not None
+        return req.cached, req.first_token_at - req.arrival
+
+    def _kick(self) -> None:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        """The scheduler loop: one forward pass at a time, as long as there is work."""
+        assert self._wake is not None
+        scale = self.options.time_scale
+        while True:
+            it = self.model.next_iteration()
+            if it is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if scale > 0:
+                await asyncio.sleep(it.seconds * scale)
+            else:
+                self._vtime += it.seconds
+                await asyncio.sleep(0)  # let new requests arrive between passes
+            events = self.model.finish_iteration(it, self.now())
+            self._notify(it.batch or [req for req, _ in it.chunks])
+            for req, kind in events:
+                waiter: _Waiter = req.tag  # type: ignore[assignment]
+                if kind == FIRST_TOKEN:
+                    self.ttft.observe(req.first_token_at - req.arrival)  # type: ignore[operator]
+                elif kind == DONE and not waiter.done.done():
+                    waiter.done.set_result(None)
+
+    @staticmethod
+    def _notify(reqs: list[SimRequest]) -> None:
+        for req in reqs:
+            waiter: _Waiter = req.tag  # type: ignore[assignment]
+            if waiter.tokens is not None and req.generated > waiter.sent:
+                waiter.sent = min(req.generated, len(req.output)) if req.output else req.generated
+                waiter.tokens.put_nowait(waiter.sent)
 
     def flush(self) -> bool:
         """``/flush_cache``: SGLang refuses while requests run."""
-        if self.running or self.queued:
-            return False
-        self.cache.reset()
-        return True
+        return self.model.flush()
 
 
 def new_rid() -> str:

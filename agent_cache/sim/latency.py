@@ -1,30 +1,37 @@
-"""Latency and memory model of one SGLang worker (a roofline model).
+"""Cost of one forward pass of an SGLang worker (a roofline model).
 
-Shared by the simulated HTTP worker and the virtual-clock fleet simulator,
-so both tell the same story. It is deliberately small:
+Shared by the simulated HTTP worker and the virtual-clock fleet simulator
+through :mod:`agent_cache.sim.scheduler`, so both tell the same story. The
+GPU runs one forward pass at a time; each pass is either a prefill batch or
+a decode step of the running batch, and costs:
 
-* **prefill** is compute-bound: ``2 x params`` FLOPs per uncached prompt
-  token at ``mfu`` of the GPU's dense BF16 peak;
-* **decode** is memory-bound: every step reads the weights once plus the KV
-  cache of every running request, at ``bandwidth_efficiency`` of the GPU's
-  HBM bandwidth; all running requests advance one token per step
-  (continuous batching);
-* at most ``max_running_requests`` run at once; the rest queue.
+* a fixed part: ``overhead_s`` of scheduling and kernel launches
+  (SGLang's overlap scheduler hides most CPU work, not all of it);
+* **prefill**: reading the weights once, plus ``2 x params`` FLOPs per new
+  token and the attention FLOPs over every earlier token of the same
+  request (cached prefix included: ``4 x layers x hidden`` per pair of
+  query and key token), at ``mfu`` of the GPU's dense BF16 peak;
+* **decode**: reading the weights plus the batch's KV cache at
+  ``bandwidth_efficiency`` of HBM bandwidth, plus the batch's FLOPs (the
+  two do not overlap well in practice: published step times grow with the
+  batch faster than bandwidth alone explains).
 
 Defaults describe Llama-3.1-8B-Instruct in BF16 on one H100 SXM. Hardware
 figures are NVIDIA's H100 SXM datasheet (989 TFLOPS dense BF16, 3.35 TB/s
-HBM3); model shape is Llama-3.1-8B's ``config.json`` (32 layers, 8 KV heads,
-head dim 128, 8.03e9 parameters). The efficiencies (45 % MFU in prefill, 70 %
-of bandwidth in decode) are our assumptions, chosen so the model gives about
-27k prefill tokens/s and about 7 ms per decode step at batch 1, the order of
-published SGLang single-GPU 8B figures. Not captured: chunked prefill
-interleaving, CUDA-graph batch buckets, tensor parallelism, speculative
-decoding, CPU overheads.
+HBM3); the model shape is Llama-3.1-8B's ``config.json`` (32 layers, 32
+attention heads and 8 KV heads of dim 128, 8.03e9 parameters). The three
+efficiencies are fitted to published SGLang measurements of Llama-3-8B on
+one H100 (``bench_one_batch`` decode steps at batch 1 and 128, prefill of
+32k tokens in one batch); ``python -m agent_cache.bench.calibration``
+prints the model next to each of them (also in docs/benchmarks.md).
+Not captured: CUDA-graph batch buckets, tensor parallelism, speculative
+decoding, mixed prefill-decode batches (off by default in SGLang).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,7 @@ class ModelConfig:
     name: str = "meta-llama/Llama-3.1-8B-Instruct"
     params: float = 8.03e9
     num_layers: int = 32
+    num_attention_heads: int = 32
     num_kv_heads: int = 8
     head_dim: int = 128
     dtype_bytes: int = 2  # bf16
@@ -47,6 +55,11 @@ class ModelConfig:
     def weight_bytes(self) -> float:
         return self.params * self.dtype_bytes
 
+    @property
+    def attention_flops_per_pair(self) -> int:
+        """QK^T and AV for one (query, key) token pair, every layer: 2 x 2 x layers x heads x head_dim."""
+        return 4 * self.num_layers * self.num_attention_heads * self.head_dim
+
     def kv_gb(self, tokens: int) -> float:
         return tokens * self.kv_bytes_per_token / 1e9
 
@@ -56,32 +69,48 @@ class GPUConfig:
     name: str = "H100-SXM"
     bf16_flops: float = 989e12
     hbm_bytes_per_s: float = 3.35e12
-    mfu: float = 0.45
-    bandwidth_efficiency: float = 0.70
+    hbm_bytes: float = 80e9
+    mfu: float = 0.70  # fitted: 32,768 prefill tokens in 0.756 s (sglang PR #5211)
+    bandwidth_efficiency: float = 0.75  # fitted: decode step at batch 1, 7.35 ms (sglang PR #1401)
 
 
 @dataclass(frozen=True)
 class LatencyModel:
     model: ModelConfig = ModelConfig()
     gpu: GPUConfig = GPUConfig()
-    max_running_requests: int = 64
+    overhead_s: float = 0.0009  # per forward pass: sampling, launches, CPU work the overlap scheduler leaves (fitted)
 
     @property
-    def prefill_tokens_per_s(self) -> float:
-        return self.gpu.bf16_flops * self.gpu.mfu / (2 * self.model.params)
+    def _flops_per_s(self) -> float:
+        return self.gpu.bf16_flops * self.gpu.mfu
 
-    def prefill_seconds(self, uncached_tokens: int) -> float:
-        """Time to compute the KV of ``uncached_tokens`` prompt tokens."""
-        return max(0, uncached_tokens) / self.prefill_tokens_per_s
+    @property
+    def _bytes_per_s(self) -> float:
+        return self.gpu.hbm_bytes_per_s * self.gpu.bandwidth_efficiency
 
-    def decode_step_seconds(self, batch_context_tokens: int) -> float:
-        """One decode step of the whole batch, whose requests hold ``batch_context_tokens`` of KV."""
-        bytes_read = self.model.weight_bytes + batch_context_tokens * self.model.kv_bytes_per_token
-        return bytes_read / (self.gpu.hbm_bytes_per_s * self.gpu.bandwidth_efficiency)
+    def prefill_flops(self, new_tokens: int, prefix_tokens: int) -> float:
+        """FLOPs to compute ``new_tokens`` after ``prefix_tokens`` of the same request already in KV."""
+        n, c = max(0, new_tokens), max(0, prefix_tokens)
+        pairs = n * c + n * (n + 1) / 2  # causal attention: token i attends to c + i keys
+        return 2 * self.model.params * n + self.model.attention_flops_per_pair * pairs
 
-    def decode_seconds(self, output_tokens: int, batch_context_tokens: int) -> float:
-        """Time to emit ``output_tokens`` after the first, at a steady batch."""
-        return max(0, output_tokens - 1) * self.decode_step_seconds(batch_context_tokens)
+    def prefill_batch_seconds(self, chunks: Iterable[tuple[int, int]]) -> float:
+        """One prefill forward pass over ``(new_tokens, prefix_tokens)`` chunks."""
+        flops = sum(self.prefill_flops(n, c) for n, c in chunks)
+        return self.overhead_s + self.model.weight_bytes / self._bytes_per_s + flops / self._flops_per_s
+
+    def prefill_seconds(self, new_tokens: int, prefix_tokens: int = 0) -> float:
+        """One request prefilled alone in one pass (no chunking)."""
+        return self.prefill_batch_seconds([(new_tokens, prefix_tokens)])
+
+    def decode_step_seconds(self, batch_size: int, batch_kv_tokens: int) -> float:
+        """One decode step of ``batch_size`` requests holding ``batch_kv_tokens`` of KV between them."""
+        if batch_size <= 0:
+            return 0.0
+        memory = (self.model.weight_bytes + batch_kv_tokens * self.model.kv_bytes_per_token) / self._bytes_per_s
+        compute = (2 * self.model.params * batch_size
+                   + self.model.attention_flops_per_pair * batch_kv_tokens) / self._flops_per_s
+        return self.overhead_s + memory + compute
 
 
 DEFAULT_LATENCY = LatencyModel()

@@ -10,7 +10,12 @@ Behaviour copied from SGLang (``srt/mem_cache/radix_cache.py``):
   never evicted mid-request;
 * when the tree is over capacity, unreferenced leaves are evicted by LRU
   (``last_access``) or LFU (``hit_count``, then LRU), as
-  ``--radix-eviction-policy`` chooses.
+  ``--radix-eviction-policy`` chooses;
+* the KV pool is shared with tokens that live outside the tree (a running
+  request's decode tokens and its prompt while it is prefilled):
+  ``outside_tokens`` counts them against the same capacity, and
+  ``evictable_tokens`` is kept up to date on every lock and unlock, as
+  SGLang's ``evictable_size_``.
 """
 
 from __future__ import annotations
@@ -64,6 +69,13 @@ class RadixCache:
         self.root.lock_ref = 1
         self.total_tokens = 0
         self.evicted_tokens = 0
+        self.evictable_tokens = 0  # tree tokens no running request holds
+        self.outside_tokens = 0  # pool tokens held outside the tree (set by the scheduler)
+
+    @property
+    def free_tokens(self) -> int:
+        """Pool slots neither in the tree nor held outside it (SGLang's ``available_size``)."""
+        return self.capacity - self.total_tokens - self.outside_tokens
 
     # --- lookup ---------------------------------------------------------------
 
@@ -137,20 +149,21 @@ class RadixCache:
         new = key[match.length :]
         if not new:
             return 0
-        overflow = self.total_tokens + len(new) - self.capacity
+        overflow = len(new) - self.free_tokens
         if overflow > 0:
             self.lock(match.node)  # the path we extend must survive its own eviction pass
             try:
                 self.evict(overflow)
             finally:
                 self.unlock(match.node)
-            room = (self.capacity - self.total_tokens) // self.page_size * self.page_size
+            room = self.free_tokens // self.page_size * self.page_size
             new = new[: max(0, room)]
             if not new:
                 return 0
         node = _Node(key=new, parent=match.node, extra_key=extra_key, last_access=next(self._clock))
         match.node.children[self._child_key(new, extra_key)] = node
         self.total_tokens += len(new)
+        self.evictable_tokens += len(new)
         return len(new)
 
     # --- references -----------------------------------------------------------
@@ -158,12 +171,16 @@ class RadixCache:
     def lock(self, node: _Node) -> None:
         """A running request now uses the path from the root to ``node``."""
         while node is not None:
+            if node.lock_ref == 0:
+                self.evictable_tokens -= len(node.key)
             node.lock_ref += 1
             node = node.parent  # type: ignore[assignment]
 
     def unlock(self, node: _Node) -> None:
         while node is not None:
             node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.evictable_tokens += len(node.key)
             node = node.parent  # type: ignore[assignment]
 
     # --- eviction -------------------------------------------------------------
@@ -185,6 +202,8 @@ class RadixCache:
 
     def evict(self, num_tokens: int) -> int:
         """Evict at least ``num_tokens`` from unreferenced leaves; returns how many went."""
+        if num_tokens <= 0:
+            return 0
         heap = [(self._priority(n), id(n), n) for n in self._leaves() if n.lock_ref == 0]
         heapq.heapify(heap)
         freed = 0
@@ -197,15 +216,6 @@ class RadixCache:
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (self._priority(parent), id(parent), parent))
         self.total_tokens -= freed
+        self.evictable_tokens -= freed
         self.evicted_tokens += freed
         return freed
-
-    @property
-    def evictable_tokens(self) -> int:
-        total, stack = 0, [self.root]
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if node.lock_ref == 0:
-                total += len(node.key)
-        return total

@@ -1,11 +1,13 @@
 """HTTP face of the simulated worker: SGLang 0.5.x endpoints and JSON shapes.
 
 Endpoints: ``/v1/chat/completions`` (streamed and not), ``/generate``,
-``/health``, ``/health_generate``, ``/v1/models``, ``/model_info`` and
-``/get_model_info``, ``/server_info`` and ``/get_server_info``,
-``/v1/loads``, ``/flush_cache``, ``/tokenize``, ``/metrics``. There is no
-``/version``: SGLang has none, and the smg gateway takes a worker that
-answers it for vLLM.
+``/health``, ``/health_generate``, ``/v1/models``, ``/get_model_info`` and
+``/get_server_info`` (plus ``/model_info`` and ``/server_info`` from 0.5.6),
+``/get_load``, ``/v1/loads`` (from 0.5.8), ``/flush_cache``, ``/tokenize``
+(from 0.5.4), ``/metrics`` (with ``enable_metrics``), each as the release
+``WorkerOptions.sglang_version`` serves it (:mod:`agent_cache.sim.versions`).
+There is no ``/version``: SGLang has none, and the smg gateway takes a
+worker that answers it for vLLM.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from agent_cache.sim.chat_template import decode, encode_text, render_ids
-from agent_cache.sim.engine import SIM_VERSION, TTFT_BUCKETS, Engine, PromptTooLong, WorkerOptions, apply_stop, new_rid
+from agent_cache.sim.engine import Engine, PromptTooLong, WorkerOptions, apply_stop, new_rid
 from agent_cache.sim.outputs import plan_output
 
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
@@ -48,10 +50,36 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return body
 
 
-def _cache_key(body: Mapping[str, Any]) -> str | None:
-    # SGLang keys the radix tree by extra_key; cache_salt is folded into it
+def _cache_key(engine: Engine, body: Mapping[str, Any]) -> str | None:
+    # SGLang keys the radix tree by extra_key, cache_salt folded into it
+    # (serving_base._compute_extra_key); releases before 0.5.11 ignore both
+    if not engine.version.honours_extra_key:
+        return None
     parts = [str(body[k]) for k in ("cache_salt", "extra_key") if body.get(k) is not None]
-    return "\x00".join(parts) if parts else None
+    return "".join(parts) if parts else None
+
+
+def _offered_tools(body: Mapping[str, Any]) -> list | None:
+    """The tools the chat template sees (serving_chat._process_messages)."""
+    tools = body.get("tools") or None
+    choice = body.get("tool_choice")
+    if not tools or choice == "none":
+        return None
+    if isinstance(choice, Mapping) and choice.get("type") == "function":
+        name = (choice.get("function") or {}).get("name")
+        named = [t for t in tools if isinstance(t, Mapping) and (t.get("function") or {}).get("name") == name]
+        if not named:
+            raise _BadRequest(f"Tool '{name}' not found in 'tools'.")
+        return named
+    return tools
+
+
+def _check_response_format(body: Mapping[str, Any]) -> None:
+    fmt = body.get("response_format")
+    if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
+            raise _BadRequest("1 validation error for ChatCompletionRequest\nresponse_format.json_schema.name\n  Field required")
 
 
 def _validate_messages(body: Mapping[str, Any]) -> list[dict]:
@@ -87,8 +115,8 @@ def _usage(engine: Engine, prompt: int, completion: int, cached: int) -> dict[st
         "prompt_tokens_details": None,
         "reasoning_tokens": 0,
     }
-    # SGLang reports details only with --enable-cache-report and a non-zero hit
-    if engine.options.enable_cache_report and cached > 0:
+    # details only with --enable-cache-report; a zero hit is null before 0.5.22
+    if engine.options.enable_cache_report and (cached > 0 or engine.version.reports_zero_cached_tokens):
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
     return usage
 
@@ -105,21 +133,29 @@ class SimServer:
         return self.engine.options
 
     def _routes(self) -> list[Route]:
-        return [
+        v = self.engine.version
+        routes = [
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/generate", self.generate, methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/health_generate", self.health, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
-            Route("/model_info", self.model_info, methods=["GET"]),
             Route("/get_model_info", self.model_info, methods=["GET"]),
-            Route("/server_info", self.server_info, methods=["GET"]),
             Route("/get_server_info", self.server_info, methods=["GET"]),
-            Route("/v1/loads", self.loads, methods=["GET"]),
+            Route("/get_load", self.get_load, methods=["GET"]),
             Route("/flush_cache", self.flush_cache, methods=["POST", "GET"]),
-            Route("/tokenize", self.tokenize, methods=["POST"]),
-            Route("/metrics", self.metrics, methods=["GET"]),
         ]
+        if v.has_plain_info_routes:
+            routes += [Route("/model_info", self.model_info, methods=["GET"]),
+                       Route("/server_info", self.server_info, methods=["GET"])]
+        if v.has_v1_loads:
+            routes.append(Route("/v1/loads", self.loads, methods=["GET"]))
+        if v.has_tokenize:
+            routes += [Route("/tokenize", self.tokenize, methods=["POST"]),
+                       Route("/v1/tokenize", self.tokenize, methods=["POST"])]
+        if self.options.enable_metrics:
+            routes.append(Route("/metrics", self.metrics, methods=["GET"]))
+        return routes
 
     # --- chat -----------------------------------------------------------------
 
@@ -128,11 +164,15 @@ class SimServer:
             body = await _json_body(request)
             messages = _validate_messages(body)
             max_tokens = _max_tokens(body)
+            tools = _offered_tools(body)
+            _check_response_format(body)
         except _BadRequest as exc:
             return _error(str(exc))
         if not self.engine.ready:
             return _error("The server is starting", 503, "ServiceUnavailableError")
-        tools = body.get("tools") or None
+        if tools and self.engine.version.minor < 9:
+            # before 0.5.9 the template gets each tool's bare function dict
+            tools = [t.get("function", t) if isinstance(t, Mapping) else t for t in tools]
         prompt_ids = render_ids(messages, tools)
         try:
             self.engine.check_prompt(prompt_ids)
@@ -144,14 +184,15 @@ class SimServer:
             output_ids, finish, matched = list(encode_text(text)), "tool_calls", None
         else:
             output_ids, text, finish, matched = apply_stop(plan.text, _stops(body.get("stop")), max_tokens)
-        rid = str(body.get("rid") or f"chatcmpl-{new_rid()}")
+        rid = str(body.get("rid") or new_rid())  # SGLang's chat id is the request id, no prefix
         model = str(body.get("model") or self.options.served_model_name)
-        key = _cache_key(body)
+        key = _cache_key(self.engine, body)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            stream = self._chat_stream(rid, model, prompt_ids, output_ids, text, plan.tool_calls, finish, matched, key, include_usage)
+            stream = self._chat_stream(rid, model, prompt_ids, output_ids, text, plan.tool_calls, finish, matched, key,
+                                       include_usage, max_tokens)
             return StreamingResponse(stream, media_type="text/event-stream")
-        cached, _ = await self.engine.serve(prompt_ids, output_ids, extra_key=key)
+        cached, _ = await self.engine.serve(prompt_ids, output_ids, max_new_tokens=max_tokens, extra_key=key)
         message: dict[str, Any] = {"role": "assistant", "content": None if plan.tool_calls else text, "reasoning_content": None}
         message["tool_calls"] = [{**c, "index": i} for i, c in enumerate(plan.tool_calls)] or None
         return JSONResponse(
@@ -180,6 +221,7 @@ class SimServer:
         matched: str | None,
         key: str | None,
         include_usage: bool,
+        max_tokens: int | None,
     ) -> AsyncIterator[bytes]:
         created = int(time.time())
 
@@ -189,7 +231,8 @@ class SimServer:
             return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
 
         progress: asyncio.Queue[int] = asyncio.Queue()
-        task = asyncio.ensure_future(self.engine.serve(prompt_ids, output_ids, extra_key=key, on_token=progress))
+        task = asyncio.ensure_future(self.engine.serve(prompt_ids, output_ids, max_new_tokens=max_tokens,
+                                                       extra_key=key, on_token=progress))
         try:
             yield chunk({"role": "assistant", "content": ""})
             sent = 0
@@ -252,38 +295,49 @@ class SimServer:
         max_new = params.get("max_new_tokens", 128)
         output_ids, text, finish, matched = apply_stop(plan.text, _stops(params.get("stop")), max_new)
         rid = str(body.get("rid") or new_rid())
-        key = _cache_key(body)
+        key = _cache_key(self.engine, body)
+        version = self.engine.version
         start = time.monotonic()
 
-        def result(cached: int, upto: int, done: bool) -> dict[str, Any]:
+        def result(cached: int, upto: int, sent: int, done: bool) -> dict[str, Any]:
             reason: Any = None
             if done:
                 reason = {"type": "length", "length": max_new} if finish == "length" else {"type": "stop", "matched": matched}
-            return {
-                "text": decode(output_ids[:upto]) if not done else text,
-                "meta_info": {
-                    "id": rid,
-                    "finish_reason": reason,
-                    "prompt_tokens": len(prompt_ids),
-                    "completion_tokens": upto,
-                    "cached_tokens": cached,
-                    "e2e_latency": time.monotonic() - start,
-                },
+            meta: dict[str, Any] = {
+                "id": rid,
+                "finish_reason": reason,
+                "prompt_tokens": len(prompt_ids),
+                "weight_version": "default",
+                "completion_tokens": upto,
+                "cached_tokens": cached,
             }
+            if version.reports_retractions:
+                meta["total_retractions"] = 0
+            if done:
+                meta["e2e_latency"] = time.monotonic() - start
+            # streamed output_ids: only the new ones before 0.5.6, all so far after
+            first = sent if version.streams_output_delta else 0
+            return {"text": decode(output_ids[:upto]) if not done else text,
+                    "output_ids": output_ids[first:upto], "meta_info": meta}
 
         if not body.get("stream"):
-            cached, _ = await self.engine.serve(prompt_ids, output_ids, extra_key=key)
-            return JSONResponse(result(cached, len(output_ids), True))
+            cached, _ = await self.engine.serve(prompt_ids, output_ids, max_new_tokens=max_new, extra_key=key)
+            return JSONResponse(result(cached, len(output_ids), 0, True))
 
         async def events() -> AsyncIterator[bytes]:
             progress: asyncio.Queue[int] = asyncio.Queue()
-            task = asyncio.ensure_future(self.engine.serve(prompt_ids, output_ids, extra_key=key, on_token=progress))
+            task = asyncio.ensure_future(self.engine.serve(prompt_ids, output_ids, max_new_tokens=max_new,
+                                                           extra_key=key, on_token=progress))
             try:
-                for _ in range(len(output_ids) - 1):
+                sent = 0
+                while sent < len(output_ids) - 1:
                     upto = await progress.get()
-                    yield b"data: " + json.dumps(result(0, upto, False)).encode() + b"\n\n"
+                    if upto >= len(output_ids):
+                        break
+                    yield b"data: " + json.dumps(result(0, upto, sent, False)).encode() + b"\n\n"
+                    sent = upto
                 cached, _ = await task
-                yield b"data: " + json.dumps(result(cached, len(output_ids), True)).encode() + b"\n\n"
+                yield b"data: " + json.dumps(result(cached, len(output_ids), sent, True)).encode() + b"\n\n"
                 yield b"data: [DONE]\n\n"
             finally:
                 if not task.done():
@@ -294,78 +348,100 @@ class SimServer:
     # --- server state ---------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
+        """SGLang's ``/health``: 503 while starting, else a one-token generation.
+
+        SGLang sends ``input_ids=[0]`` with ``max_new_tokens=1`` through the
+        scheduler, sleeps 1 s before its first check and gives up after 20 s
+        (``HEALTH_CHECK_TIMEOUT``). Modelled in scaled time; instant at
+        ``time_scale`` 0.
+        """
         if not self.engine.ready:
+            return Response(status_code=503)
+        scale = self.options.time_scale
+        if scale <= 0:
+            return Response(status_code=200)
+        probe = asyncio.ensure_future(self.engine.serve([0], [0], max_new_tokens=1))
+        await asyncio.sleep(1.0 * scale)
+        try:
+            await asyncio.wait_for(probe, timeout=max(0.0, 19.0 * scale))
+        except asyncio.TimeoutError:
             return Response(status_code=503)
         return Response(status_code=200)
 
     async def models(self, request: Request) -> Response:
         o = self.options
-        card = {
+        card: dict[str, Any] = {
             "id": o.served_model_name,
             "object": "model",
-            "created": int(self.engine.started_at),
+            "created": int(time.time()),  # SGLang's ModelCard sets it per request
             "owned_by": "sglang",
-            "root": o.model_path,
-            "parent": None,
+            "root": o.served_model_name,
             "max_model_len": o.context_length,
         }
+        if self.engine.version.minor >= 5:
+            card["parent"] = None
         return JSONResponse({"object": "list", "data": [card]})
 
     async def model_info(self, request: Request) -> Response:
         o = self.options
-        return JSONResponse(
-            {
-                "model_path": o.model_path,
-                "tokenizer_path": o.model_path,
-                "is_generation": True,
-                "preferred_sampling_params": None,
-                "weight_version": "default",
-                "has_image_understanding": False,
-                "has_audio_understanding": False,
-                "model_type": "llama",
-                "architectures": ["LlamaForCausalLM"],
-            }
-        )
+        info: dict[str, Any] = {
+            "model_path": o.model_path,
+            "tokenizer_path": o.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+        }
+        if self.engine.version.minor >= 6:
+            info.update(has_image_understanding=False, has_audio_understanding=False)
+        if self.engine.version.minor >= 8:
+            info.update(model_type="llama", architectures=["LlamaForCausalLM"])
+        return JSONResponse(info)
 
     def _load(self) -> dict[str, Any]:
-        e, o = self.engine, self.options
+        e, m = self.engine, self.engine.model
         return {
             "dp_rank": 0,
             "num_running_reqs": e.running,
             "num_waiting_reqs": e.queued,
-            "num_total_reqs": e.running + e.queued,
-            "num_used_tokens": e.cache.total_tokens,
-            "max_total_num_tokens": o.max_total_tokens,
-            "max_running_requests": o.max_running_requests,
-            "token_usage": e.cache.total_tokens / o.max_total_tokens,
+            "num_used_tokens": m.used_tokens,
+            "max_total_num_tokens": self.options.max_total_tokens,
+            "token_usage": m.token_usage,
             "gen_throughput": 0.0,
-            "cache_hit_rate": e.counters.last_cache_hit_rate,
-            "utilization": e.running / o.max_running_requests,
+            "cache_hit_rate": m.counters.last_cache_hit_rate,
+            "utilization": e.running / e.max_running_requests,
+            "max_running_requests": e.max_running_requests,
+            "num_total_reqs": e.running + e.queued,
         }
 
     async def server_info(self, request: Request) -> Response:
-        o = self.options
+        o, e = self.options, self.engine
         return JSONResponse(
             {
                 "model_path": o.model_path,
                 "served_model_name": o.served_model_name,
                 "tokenizer_path": o.model_path,
-                "version": SIM_VERSION,
+                "version": str(e.version),
                 "tp_size": 1,
                 "dp_size": 1,
                 "page_size": o.page_size,
                 "context_length": o.context_length,
                 "max_total_tokens": o.max_total_tokens,
-                "max_total_num_tokens": o.max_total_tokens,
                 "max_running_requests": o.max_running_requests,
+                "chunked_prefill_size": o.chunked_prefill_size,
+                "max_prefill_tokens": o.max_prefill_tokens,
+                "schedule_policy": o.schedule_policy,
                 "disable_radix_cache": o.disable_radix_cache,
                 "radix_eviction_policy": o.radix_eviction_policy,
                 "enable_cache_report": o.enable_cache_report,
-                "enable_metrics": True,
+                "enable_metrics": o.enable_metrics,
                 "simulated": True,
+                "status": "ready",
+                "max_total_num_tokens": o.max_total_tokens,
+                "max_req_input_len": min(o.context_length, o.max_total_tokens) - 1,
                 "internal_states": [
                     {
                         "max_total_num_tokens": o.max_total_tokens,
+                        "max_running_requests": e.max_running_requests,
                         "last_gen_throughput": 0.0,
                         "memory_usage": {"token_capacity": o.max_total_tokens},
                     }
@@ -373,11 +449,26 @@ class SimServer:
             }
         )
 
+    async def get_load(self, request: Request) -> Response:
+        e, m = self.engine, self.engine.model
+        if e.version.minor < 3:
+            return JSONResponse({"load": e.running + e.queued})
+        waiting = sum(len(r.prompt) for r in m.waiting)
+        return JSONResponse([{"dp_rank": 0, "num_reqs": e.running + e.queued, "num_waiting_reqs": e.queued,
+                              "num_tokens": m.used_tokens + waiting}])
+
     async def loads(self, request: Request) -> Response:
-        return JSONResponse(
-            {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": SIM_VERSION,
-             "dp_rank_count": 1, "loads": [self._load()]}
-        )
+        load = self._load()
+        body: dict[str, Any] = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                "version": str(self.engine.version), "loads": [load]}
+        if self.engine.version.minor < 23:
+            body["dp_rank_count"] = 1
+            body["aggregate"] = {
+                "total_running_reqs": load["num_running_reqs"], "total_waiting_reqs": load["num_waiting_reqs"],
+                "total_reqs": load["num_total_reqs"], "avg_token_usage": load["token_usage"],
+                "avg_throughput": load["gen_throughput"], "avg_utilization": load["utilization"],
+            }
+        return JSONResponse(body)
 
     async def flush_cache(self, request: Request) -> Response:
         if self.engine.flush():
@@ -406,7 +497,7 @@ class SimServer:
         return PlainTextResponse(self.metrics_text(), media_type="text/plain; version=0.0.4")
 
     def metrics_text(self) -> str:
-        e, c, o = self.engine, self.engine.counters, self.options
+        e, c, o, m = self.engine, self.engine.counters, self.options, self.engine.model
         labels = f'model_name="{o.served_model_name}",engine_type="unified",tp_rank="0",pp_rank="0"'
         lines: list[str] = []
 
@@ -418,25 +509,27 @@ class SimServer:
 
         metric("num_running_reqs", "gauge", e.running, "The number of running requests.")
         metric("num_queue_reqs", "gauge", e.queued, "The number of requests in the waiting queue.")
-        metric("num_used_tokens", "gauge", e.cache.total_tokens, "The number of used tokens.")
-        metric("token_usage", "gauge", e.cache.total_tokens / o.max_total_tokens, "The token usage.")
+        metric("num_used_tokens", "gauge", m.used_tokens, "The number of used tokens.")
+        metric("token_usage", "gauge", m.token_usage, "The token usage.")
         metric("gen_throughput", "gauge", 0.0, "The generation throughput (token/s).")
         metric("cache_hit_rate", "gauge", c.last_cache_hit_rate, "The prefix cache hit rate (latest batch).")
-        metric("utilization", "gauge", e.running / o.max_running_requests, "Running requests over capacity.")
+        metric("utilization", "gauge", e.running / e.max_running_requests, "Running requests over capacity.")
         metric("prompt_tokens", "counter", c.prompt_tokens, "Number of prefill tokens processed.")
         metric("generation_tokens", "counter", c.generation_tokens, "Number of generation tokens processed.")
         metric("cached_tokens", "counter", c.cached_tokens, "Number of cached prompt tokens.")
         metric("num_requests", "counter", c.requests, "Number of requests processed.")
+        metric("num_retracted_reqs", "counter", c.retractions, "Number of retracted requests.")
         name = "sglang:time_to_first_token_seconds"
+        h = e.ttft
         lines.append(f"# HELP {name} Histogram of time to first token in seconds.")
         lines.append(f"# TYPE {name} histogram")
         total = 0
-        for bound, count in zip(TTFT_BUCKETS, c.ttft_buckets):
+        for bound, count in zip(h.buckets, h.counts):
             total += count
-            lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {float(total)}')
-        total += c.ttft_buckets[-1]
+            lines.append(f'{name}_bucket{{{labels},le="{float(bound)}"}} {float(total)}')
+        total += h.counts[-1]
         lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(total)}')
-        lines.append(f"{name}_sum{{{labels}}} {c.ttft_sum}")
+        lines.append(f"{name}_sum{{{labels}}} {h.sum}")
         lines.append(f"{name}_count{{{labels}}} {float(total)}")
         return "\n".join(lines) + "\n"
 

@@ -35,7 +35,7 @@ def test_two_turn_conversation_reports_exact_cached_tokens(worker: str) -> None:
     prompt_1 = _segment_len("system", SYSTEM) + _segment_len("user", USER_1) + 1 + _n("assistant\n")
     assert first.usage is not None
     assert first.usage.prompt_tokens == prompt_1
-    assert first.usage.cached_tokens is None  # SGLang omits details when nothing was cached
+    assert first.usage.cached_tokens == 0  # SGLang >= 0.5.22 reports a zero hit (earlier: null details)
     assert first.usage.completion_tokens == _n(first.content or "") <= 20
 
     turn_2 = turn_1 + [{"role": "assistant", "content": first.content}, {"role": "user", "content": USER_2}]
@@ -92,7 +92,7 @@ def test_extra_key_isolates_tenants(worker: str) -> None:
     client.chat(messages, extra_key="tenant-a", max_tokens=5)
     other = client.chat(messages, extra_key="tenant-b", max_tokens=5)
     same = client.chat(messages, extra_key="tenant-a", max_tokens=5)
-    assert other.usage and other.usage.cached_tokens is None
+    assert other.usage and other.usage.cached_tokens == 0
     assert same.usage and same.usage.cached_tokens and same.usage.cached_tokens >= other.usage.prompt_tokens - 1
 
 
@@ -231,9 +231,9 @@ def test_server_state_endpoints(worker: str) -> None:
     assert metrics["sglang:cached_tokens_total"] == second.usage.cached_tokens
     assert metrics["sglang:prompt_tokens_total"] == 2 * second.usage.prompt_tokens
     assert metrics["sglang:time_to_first_token_seconds_count"] == 2
-    assert 0 < metrics["sglang:token_usage"] < 1
+    assert metrics["sglang:token_usage"] == 0  # idle: the whole cache is evictable, as SGLang counts it
     client.flush_cache()
-    assert client.chat([{"role": "user", "content": "count me " * 10}]).usage.cached_tokens is None  # type: ignore[union-attr]
+    assert client.chat([{"role": "user", "content": "count me " * 10}]).usage.cached_tokens == 0  # type: ignore[union-attr]
     assert httpx.get(f"{worker}/version").status_code == 404  # SGLang has none; smg would take us for vLLM
     loads = httpx.get(f"{worker}/v1/loads", params={"include": "core,disagg,queues,memory"}).json()
     assert loads["loads"][0]["max_total_num_tokens"] == 200_000
