@@ -32,7 +32,14 @@ from agent_cache.bench.policies import RoutingPolicy
 from agent_cache.bench.workloads import CallSpec, SessionSpec
 from agent_cache.sim.latency import DEFAULT_LATENCY, LatencyModel
 from agent_cache.sim.radix import RadixCache
-from agent_cache.sim.scheduler import DONE, FIRST_TOKEN, SchedulerConfig, SimRequest, WorkerModel
+from agent_cache.sim.scheduler import (
+    DONE,
+    FIRST_TOKEN,
+    SchedulerConfig,
+    SimRequest,
+    WorkerModel,
+    default_max_running_requests,
+)
 
 _ARRIVE, _PASS_DONE = 0, 1
 _ORACLE_TOKENS = 1 << 50
@@ -54,9 +61,9 @@ class FleetConfig:
             max_total_tokens=_ORACLE_TOKENS if cache == "oracle" else self.capacity_tokens,
             page_size=self.page_size, radix_eviction_policy=self.eviction_policy,
             disable_radix_cache=cache == "none", schedule_policy=self.schedule_policy,
+            # the oracle's pool is unbounded; it runs as many requests as a real worker would
             max_running_requests=self.max_running_requests
-            if self.max_running_requests is not None or cache != "oracle"
-            else SchedulerConfig(max_total_tokens=self.capacity_tokens).running_limit,
+            or default_max_running_requests(self.capacity_tokens, SchedulerConfig.context_length),
             latency=self.latency,
         )
 
