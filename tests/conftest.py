@@ -120,3 +120,9 @@ def redis_server_factory() -> Iterator[Callable[[], RedisServer]]:
 def prefix() -> str:
     """A fresh key prefix per test: tests share one server without seeing each other."""
     return f"t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def redis_server(redis_server_factory):
+    """One private redis-server shared by the tests that do not kill theirs."""
+    return redis_server_factory()

@@ -7,7 +7,9 @@ with eviction, retraction), so a bad placement costs here what it costs
 there. Sessions are closed-loop: call k+1 is issued after call k returns
 plus the session's tool time. Per call:
 
-1. the policy picks a worker (at the call's arrival time);
+1. the policy picks a worker (at the call's arrival time); agent-cache's
+   policy is the product's Router (see :mod:`agent_cache.bench.policies`),
+   told each finished call's reported prompt and cached tokens;
 2. the call joins that worker's waiting queue; a worker whose GPU is idle
    starts its next forward pass at once;
 3. each pass ends at ``start + its cost``; a call's TTFT is the end of the
@@ -28,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from agent_cache.bench.policies import RoutingPolicy
+from agent_cache.bench.policies import Dispatch, RoutingPolicy
 from agent_cache.bench.workloads import CallSpec, SessionSpec
 from agent_cache.sim.latency import DEFAULT_LATENCY, LatencyModel
 from agent_cache.sim.radix import RadixCache
@@ -86,36 +88,60 @@ class RunResult:
     peak_kv_tokens: int = 0
     imbalance_sum: float = 0.0
     imbalance_samples: int = 0
-    moves: int = 0
+    moves: dict[str, int] = field(default_factory=dict)  # pin moves by reason
     evicted_tokens: int = 0
+    recomputed_tokens: int = 0  # prompt tokens of a session's own earlier calls prefilled again
+    working_set_tokens: int = 0  # peak over time of the live sessions' context tokens, summed
     retractions: int = 0
     wall_s: float = 0.0
 
 
 class _Sess:
-    __slots__ = ("spec", "calls", "next", "t_start")
+    __slots__ = ("spec", "calls", "next", "t_start", "context", "history")
 
     def __init__(self, spec: SessionSpec) -> None:
         self.spec = spec
         self.calls: Iterator[CallSpec] = spec.start()
         self.next: CallSpec | None = next(self.calls, None)
         self.t_start = spec.arrival_s
+        self.context = 0  # tokens of the latest prompt (+ its output once returned)
+        self.history: dict[str, tuple[list[int], list[int]]] = {}  # template -> latest (prompt, output)
+
+    def reusable(self, template: str, prompt: list[int]) -> int:
+        """Tokens of ``prompt`` that this session's previous call of ``template`` computed (prompt + output)."""
+        prev = self.history.get(template)
+        if prev is None:
+            return 0
+        n = common_prefix(prompt, prev[0])
+        if n == len(prev[0]):
+            n += common_prefix(prompt[n:], prev[1])
+        return n
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two token lists (slice comparisons run at C speed)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:  # invariant: a[:lo] == b[:lo] and a[:hi+1] != b[:hi+1]
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class _Fleet:
-    """The policies' view of the fleet: in-flight calls and cached tokens per worker."""
+    """The true in-flight calls per worker (the oracle and no-cache floor route by them)."""
 
-    def __init__(self, models: list[WorkerModel], capacity: int) -> None:
+    def __init__(self, models: list[WorkerModel]) -> None:
         self.models = models
         self.n = len(models)
-        self.capacity = capacity
 
     def inflight(self, i: int) -> int:
         m = self.models[i]
         return m.num_running + m.num_waiting
-
-    def kv_tokens(self, i: int) -> int:
-        return self.models[i].cache.total_tokens
 
 
 def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetConfig,
@@ -127,7 +153,7 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
     shared = RadixCache(_ORACLE_TOKENS, page_size=cfg.page_size) if mode == "oracle" else None
     models = [WorkerModel(sched, cache=shared) for _ in range(cfg.workers)]
     busy = [False] * cfg.workers
-    fleet = _Fleet(models, cfg.capacity_tokens)
+    fleet = _Fleet(models)
     res = RunResult(policy.name, sessions=len(sessions))
     heap: list = []
     seq = 0
@@ -143,6 +169,7 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
     n_calls = 0
     replicas = policy.replicas
     tmpl_form = policy.form == "tmpl"
+    live_context = 0  # sum of the live sessions' context tokens
     report_every = max(1, len(sessions) // 20)
 
     def start_pass(wi: int, now: float) -> None:
@@ -160,55 +187,75 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
             return shared.total_tokens + shared.outside_tokens
         return sum(m.cache.total_tokens + m.cache.outside_tokens for m in models)
 
-    while heap:
-        now, _, kind, obj = heapq.heappop(heap)
-        if kind == _ARRIVE:
-            st: _Sess = obj
-            call = st.next
-            assert call is not None
-            replica = n_calls % replicas
-            n_calls += 1
-            tid = call.tmpl_template if tmpl_form else call.raw_template
-            wi = policy.route(st.spec.session_id, tid, fleet, replica)
-            req = SimRequest(prompt=call.tmpl if tmpl_form else call.raw, output_len=max(1, len(call.output)),
-                             output=call.output, max_new_tokens=None, tag=(st, replica, wi))
-            models[wi].submit(req, now)
-            total = sum(fleet.inflight(i) for i in range(fleet.n))
-            res.imbalance_sum += max(fleet.inflight(i) for i in range(fleet.n)) * fleet.n / total
-            res.imbalance_samples += 1
-            if not busy[wi]:
-                start_pass(wi, now)
-            continue
-        wi, it = obj
-        for req, event in models[wi].finish_iteration(it, now):
-            if event == FIRST_TOKEN:
-                res.ttfts.append(now - req.arrival)
+    try:
+        while heap:
+            now, _, kind, obj = heapq.heappop(heap)
+            if kind == _ARRIVE:
+                st: _Sess = obj
+                call = st.next
+                assert call is not None
+                dispatch = Dispatch(st.spec.session_id, st.spec.tenant,
+                                    call.tmpl_template if tmpl_form else call.raw_template,
+                                    call.tmpl_template_tokens if tmpl_form else call.raw_template_tokens,
+                                    n_calls % replicas)
+                n_calls += 1
+                policy.now = now
+                wi = policy.route(dispatch, fleet)
+                prompt = call.tmpl if tmpl_form else call.raw
+                reusable = st.reusable(dispatch.template_id, prompt)
+                req = SimRequest(prompt=prompt, output_len=max(1, len(call.output)), output=call.output,
+                                 max_new_tokens=None, tag=(st, dispatch, reusable))
+                live_context += len(prompt) - st.context
+                st.context = len(prompt)
+                res.working_set_tokens = max(res.working_set_tokens, live_context)
+                models[wi].submit(req, now)
+                total = sum(fleet.inflight(i) for i in range(fleet.n))
+                res.imbalance_sum += max(fleet.inflight(i) for i in range(fleet.n)) * fleet.n / total
+                res.imbalance_samples += 1
+                if not busy[wi]:
+                    start_pass(wi, now)
                 continue
-            assert event == DONE
-            st, replica, _ = req.tag
-            res.calls += 1
-            res.prompt_tokens += len(req.prompt)
-            res.cached_tokens += req.cached
-            res.output_tokens += len(req.output)
-            policy.completed(replica, wi, st.spec.session_id, req.cached)
-            st.next = next(st.calls, None)
-            if st.next is not None:
-                heapq.heappush(heap, (now + st.next.think_s, seq, _ARRIVE, st))
-                seq += 1
-            else:
-                res.sessions_done += 1
-                res.session_latencies.append(now - st.t_start)
-                res.last_done = max(res.last_done, now)
-                policy.session_done(st.spec.session_id)
-                if progress is not None and res.sessions_done % report_every == 0:
-                    progress(res.sessions_done, len(sessions))
-        start_pass(wi, now)
-        held = kv_held()
-        if held > res.peak_kv_tokens:
-            res.peak_kv_tokens = held
+            wi, it = obj
+            for req, event in models[wi].finish_iteration(it, now):
+                if event == FIRST_TOKEN:
+                    res.ttfts.append(now - req.arrival)
+                    continue
+                assert event == DONE
+                st, dispatch, reusable = req.tag
+                res.calls += 1
+                res.prompt_tokens += len(req.prompt)
+                res.cached_tokens += req.cached
+                res.output_tokens += len(req.output)
+                res.recomputed_tokens += max(0, reusable - req.cached)
+                policy.now = now
+                policy.completed(dispatch, wi, len(req.prompt), req.cached)
+                st.history[dispatch.template_id] = (req.prompt, req.output)
+                st.next = next(st.calls, None)
+                if st.next is not None:
+                    live_context += len(req.output)
+                    st.context += len(req.output)
+                    res.working_set_tokens = max(res.working_set_tokens, live_context)
+                    heapq.heappush(heap, (now + st.next.think_s, seq, _ARRIVE, st))
+                    seq += 1
+                else:
+                    live_context -= st.context
+                    st.history.clear()
+                    res.sessions_done += 1
+                    res.session_latencies.append(now - st.t_start)
+                    res.last_done = max(res.last_done, now)
+                    policy.now = now
+                    policy.session_done(st.spec.session_id)
+                    if progress is not None and res.sessions_done % report_every == 0:
+                        progress(res.sessions_done, len(sessions))
+            start_pass(wi, now)
+            held = kv_held()
+            if held > res.peak_kv_tokens:
+                res.peak_kv_tokens = held
+    finally:
+        policy.close()
     if shared is not None:
         res.peak_kv_tokens = shared.total_tokens  # everything ever produced: the "infinite" cache
-    res.moves = policy.moves
+    res.moves = dict(policy.moves)
     res.evicted_tokens = sum(m.cache.evicted_tokens for m in models) if shared is None else 0
     res.retractions = sum(m.counters.retractions for m in models)
     res.wall_s = time.perf_counter() - wall0

@@ -1,15 +1,17 @@
 """Routing policies compared by the fleet simulation.
 
-Every policy answers one question per call: which worker? Policies with
+Every policy answers one question per call: which worker? Baselines with
 local state (round-robin counters, least-load in-flight views) run as K
 router replicas, each with its own view; calls are assigned to replicas
-round-robin, as a load balancer in front of K router pods would. agent-cache
-shares one store across replicas (Redis in production), so its replicas see
-one state and are modelled as one.
+round-robin, as a load balancer in front of K router pods would.
 
-``agent-cache`` calls the real placement rule
-(:func:`agent_cache.routing.placement.choose_worker`) on a snapshot of the
-simulated fleet, with template ids from the real Templater.
+``agent-cache`` is not a model of the product: it is the product's own
+:class:`~agent_cache.routing.Router`, one per replica, over one shared
+metadata store (the in-process :class:`~agent_cache.store.MemoryStore`, or
+Redis with its Lua scripts), on the simulation's virtual clock. It learns
+only what a deployment learns: each call's template id and template length
+from the real Templater, and each finished call's reported prompt and
+cached tokens; worker capacities are what ``/server_info`` would report.
 """
 
 from __future__ import annotations
@@ -17,20 +19,35 @@ from __future__ import annotations
 import bisect
 import hashlib
 import random
-from typing import Protocol, Sequence
+import uuid
+from typing import Any, Protocol, Sequence
 
-from agent_cache.routing.placement import PinView, Policy, Snapshot, WorkerView, choose_worker
+from agent_cache.routing.placement import Policy
+from agent_cache.routing.router import Placement, RouteRequest, Router
+from agent_cache.store.base import MetadataStore
+from agent_cache.store.memory import MemoryStore
 
 
 class FleetView(Protocol):
-    """What a router may observe of the fleet (the store's counters, for agent-cache)."""
+    """What an oracle may observe of the fleet: true in-flight calls per worker."""
 
     n: int
-    capacity: int
 
     def inflight(self, i: int) -> int: ...
 
-    def kv_tokens(self, i: int) -> int: ...
+
+class Dispatch:
+    """One call as a router sees it when it is sent; ``handle`` is the policy's own record of it."""
+
+    __slots__ = ("session_id", "tenant", "template_id", "template_tokens", "replica", "handle")
+
+    def __init__(self, session_id: str, tenant: str, template_id: str, template_tokens: int, replica: int) -> None:
+        self.session_id = session_id
+        self.tenant = tenant
+        self.template_id = template_id
+        self.template_tokens = template_tokens
+        self.replica = replica
+        self.handle: Any = None
 
 
 class RoutingPolicy:
@@ -39,21 +56,25 @@ class RoutingPolicy:
     name = "base"
     form = "raw"
     cache = "radix"  # radix | none | oracle
-    moves = 0
 
     def __init__(self, workers: int, replicas: int = 1, seed: int = 0) -> None:
         self.workers = workers
         self.replicas = max(1, replicas)
         self.seed = seed
+        self.now = 0.0  # the fleet's virtual clock, set before every call into the policy
+        self.moves: dict[str, int] = {}  # pin moves by reason
 
-    def route(self, session_id: str, template_id: str, fleet: FleetView, replica: int) -> int:
+    def route(self, call: Dispatch, fleet: FleetView) -> int:
         raise NotImplementedError
 
-    def completed(self, replica: int, worker: int, session_id: str, cached: int) -> None:
-        """A call dispatched by ``replica`` to ``worker`` returned with ``cached`` prompt tokens."""
+    def completed(self, call: Dispatch, worker: int, prompt_tokens: int, cached_tokens: int) -> None:
+        """The call returned; its usage is what the worker reported."""
 
     def session_done(self, session_id: str) -> None:
-        """The session ended (pins expire)."""
+        """The session ended (a stateless policy forgets it; agent-cache's pins expire by TTL)."""
+
+    def close(self) -> None:
+        """Release what the policy holds (stores, connections)."""
 
 
 class RoundRobin(RoutingPolicy):
@@ -63,9 +84,9 @@ class RoundRobin(RoutingPolicy):
         super().__init__(workers, replicas, seed)
         self._next = [0] * self.replicas
 
-    def route(self, session_id: str, template_id: str, fleet: FleetView, replica: int) -> int:
-        i = self._next[replica]
-        self._next[replica] = (i + 1) % self.workers
+    def route(self, call: Dispatch, fleet: FleetView) -> int:
+        i = self._next[call.replica]
+        self._next[call.replica] = (i + 1) % self.workers
         return i
 
 
@@ -76,7 +97,7 @@ class RandomChoice(RoutingPolicy):
         super().__init__(workers, replicas, seed)
         self._rng = random.Random(seed)
 
-    def route(self, session_id: str, template_id: str, fleet: FleetView, replica: int) -> int:
+    def route(self, call: Dispatch, fleet: FleetView) -> int:
         return self._rng.randrange(self.workers)
 
 
@@ -89,14 +110,14 @@ class LeastLoad(RoutingPolicy):
         super().__init__(workers, replicas, seed)
         self._inflight = [[0] * workers for _ in range(self.replicas)]
 
-    def route(self, session_id: str, template_id: str, fleet: FleetView, replica: int) -> int:
-        view = self._inflight[replica]
+    def route(self, call: Dispatch, fleet: FleetView) -> int:
+        view = self._inflight[call.replica]
         i = view.index(min(view))
         view[i] += 1
         return i
 
-    def completed(self, replica: int, worker: int, session_id: str, cached: int) -> None:
-        self._inflight[replica][worker] -= 1
+    def completed(self, call: Dispatch, worker: int, prompt_tokens: int, cached_tokens: int) -> None:
+        self._inflight[call.replica][worker] -= 1
 
 
 def _hash(s: str) -> int:
@@ -116,57 +137,72 @@ class ConsistentHash(RoutingPolicy):
         self._owners = [w for _, w in ring]
         self._memo: dict[str, int] = {}
 
-    def route(self, session_id: str, template_id: str, fleet: FleetView, replica: int) -> int:
-        w = self._memo.get(session_id)
+    def route(self, call: Dispatch, fleet: FleetView) -> int:
+        w = self._memo.get(call.session_id)
         if w is None:
-            i = bisect.bisect(self._keys, _hash(session_id)) % len(self._keys)
-            w = self._memo[session_id] = self._owners[i]
+            i = bisect.bisect(self._keys, _hash(call.session_id)) % len(self._keys)
+            w = self._memo[call.session_id] = self._owners[i]
         return w
 
     def session_done(self, session_id: str) -> None:
-        self._memo.pop(session_id, None)
+        self._memo.pop(session_id, None)  # stateless in effect: the memo only saves rehashing
 
 
 class AgentCache(RoutingPolicy):
-    """The real placement rule over one shared store: pins, template holders, fleet load."""
+    """The product: one real Router per replica over one shared store, on the fleet's virtual clock."""
 
     name = "agent-cache"
     form = "tmpl"
 
-    def __init__(self, workers: int, replicas: int = 1, seed: int = 0, policy: Policy = Policy()) -> None:
+    def __init__(self, workers: int, replicas: int = 1, seed: int = 0, *, capacity: int = 400_000,
+                 redis_url: str | None = None, policy: Policy | None = None) -> None:
         super().__init__(workers, replicas, seed)
-        self.policy = policy
-        self._urls = [f"w{i}" for i in range(workers)]
-        self._index = {u: i for i, u in enumerate(self._urls)}
-        self._pins: dict[str, PinView] = {}
-        self._templates: dict[str, set[str]] = {}
-        self.moves = 0
+        self.urls = [f"http://worker-{i}" for i in range(workers)]
+        self._index = {u: i for i, u in enumerate(self.urls)}
+        self._redis = redis_url
+        self._prefix = f"agent-cache-bench-{uuid.uuid4().hex[:8]}"
+        self.store: MetadataStore
+        if redis_url is not None:
+            from agent_cache.store.redis_store import RedisStore
 
-    def route(self, session_id: str, template_id: str, fleet: FleetView, replica: int) -> int:
-        views = tuple(WorkerView(u, inflight=fleet.inflight(i), kv_tokens=fleet.kv_tokens(i), capacity=fleet.capacity)
-                      for i, u in enumerate(self._urls))
-        pin = self._pins.get(session_id)
-        holders = self._templates.setdefault(template_id, set())
-        d = choose_worker(Snapshot(views, pin, frozenset(holders)), session_id, self.policy)
-        assert d.worker is not None  # every simulated worker is up
-        if d.outcome.startswith("moved"):
-            self.moves += 1
-        if pin is None or pin.worker != d.worker:
-            self._pins[session_id] = PinView(d.worker, d.epoch, 0, 0)
-        holders.add(d.worker)
-        return self._index[d.worker]
+            self.store = RedisStore(redis_url, prefix=self._prefix)
+        else:
+            self.store = MemoryStore()
+        # release_delay=0: a finished call is released at once (no timer thread on a virtual clock)
+        self.routers = [Router(self.urls, store=self.store, policy=policy, probe_interval=None, release_delay=0,
+                               capacities={u: capacity for u in self.urls}, clock=self._clock)
+                        for _ in range(self.replicas)]
 
-    def completed(self, replica: int, worker: int, session_id: str, cached: int) -> None:
-        pin = self._pins.get(session_id)
-        if pin is not None:
-            self._pins[session_id] = PinView(pin.worker, pin.epoch, cached, pin.last_cached)
+    def _clock(self) -> float:
+        return self.now
 
-    def session_done(self, session_id: str) -> None:
-        self._pins.pop(session_id, None)
+    def route(self, call: Dispatch, fleet: FleetView) -> int:
+        request = RouteRequest(call.session_id, template_id=call.template_id, tenant=call.tenant,
+                               prompt_tokens_estimate=call.template_tokens)
+        placement = self.routers[call.replica].route(request)
+        if placement.outcome.startswith("moved:"):
+            reason = placement.outcome.split(":", 1)[1]
+            self.moves[reason] = self.moves.get(reason, 0) + 1
+        call.handle = placement
+        return self._index[placement.worker]
+
+    def completed(self, call: Dispatch, worker: int, prompt_tokens: int, cached_tokens: int) -> None:
+        placement: Placement = call.handle
+        router = self.routers[call.replica]
+        router.done(placement)
+        router.report(placement, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens)
+
+    def close(self) -> None:
+        for r in self.routers:
+            r.close()
+        if self._redis is not None:
+            from agent_cache.store.redis_store import delete_deployment
+
+            delete_deployment(self._redis, self._prefix)  # this run's keys only
 
 
 class AgentCacheNoTemplates(AgentCache):
-    """Same rule; prompts sent raw, template ids from ``Templater("off")``."""
+    """The same Router; prompts sent raw, template ids from ``Templater("off")``."""
 
     name = "agent-cache-no-templates"
     form = "raw"
@@ -179,11 +215,11 @@ class Oracle(LeastLoad):
     form = "tmpl"
     cache = "oracle"
 
-    def route(self, session_id: str, template_id: str, fleet: FleetView, replica: int) -> int:
+    def route(self, call: Dispatch, fleet: FleetView) -> int:
         loads = [fleet.inflight(i) for i in range(self.workers)]
         return loads.index(min(loads))
 
-    def completed(self, replica: int, worker: int, session_id: str, cached: int) -> None:
+    def completed(self, call: Dispatch, worker: int, prompt_tokens: int, cached_tokens: int) -> None:
         pass
 
 
@@ -199,5 +235,14 @@ POLICIES: dict[str, type[RoutingPolicy]] = {p.name: p for p in (
     RoundRobin, RandomChoice, LeastLoad, ConsistentHash, AgentCache, AgentCacheNoTemplates, Oracle, NoCache)}
 
 
-def make_policies(names: Sequence[str], workers: int, replicas: int, seed: int) -> list[RoutingPolicy]:
-    return [POLICIES[n](workers, replicas, seed) for n in names]
+def make_policies(names: Sequence[str], workers: int, replicas: int, seed: int, *, capacity: int = 400_000,
+                  redis_url: str | None = None) -> list[RoutingPolicy]:
+    """Fresh policies; agent-cache's routers learn ``capacity`` per worker (as from ``/server_info``)."""
+    out: list[RoutingPolicy] = []
+    for n in names:
+        cls = POLICIES[n]
+        if issubclass(cls, AgentCache):
+            out.append(cls(workers, replicas, seed, capacity=capacity, redis_url=redis_url))
+        else:
+            out.append(cls(workers, replicas, seed))
+    return out

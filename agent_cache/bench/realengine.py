@@ -84,15 +84,18 @@ def check(args: argparse.Namespace) -> None:
                 raise ConfigError("--policies", f"unknown {name}; the real engine runs: {', '.join(REAL_POLICIES)}")
             if name in SMG_POLICIES and shutil.which("smg") is None:
                 raise ConfigError("--policies", f"{name} needs the smg binary on the PATH (pip install smg)")
+    if isinstance(args.capacity_tokens, float):
+        raise ConfigError("--capacity-tokens", "a working-set multiple (xM) applies only to the sim engine; "
+                          "give tokens per worker")
     if args.time_scale is not None and args.time_scale < 0:
         raise ConfigError("--time-scale", f"must be >= 0, got {args.time_scale}")
     if args.workers is not None and args.workers > 64:
         raise ConfigError("--workers", f"at most 64 worker processes, got {args.workers}")
     if args.redis is not None:
-        _check_redis(args.redis)
+        check_redis(args.redis)
 
 
-def _check_redis(url: str) -> None:
+def check_redis(url: str) -> None:
     import redis
 
     if not url.startswith(("redis://", "rediss://", "unix://")):
@@ -121,7 +124,8 @@ def _workload(args: argparse.Namespace, preset: RealPreset) -> list[SessionSpec]
     sessions = args.sessions or preset.sessions
     rate = args.rate or preset.rate
     if args.trace:
-        return load_trace(args.trace, sessions=sessions, rate=rate, arrivals=args.arrivals, seed=args.seed, chat=True)
+        return load_trace(args.trace, sessions=sessions, rate=args.rate, speedup=args.speedup, arrivals=args.arrivals,
+                          seed=args.seed, chat=True)
     return generate(WorkloadParams(kind=args.workload or preset.kind, sessions=sessions, rate=rate,
                                    arrivals=args.arrivals, seed=args.seed))
 
@@ -200,15 +204,9 @@ def metrics(results: Sequence[ReplicaResult], n_sessions: int, start: float, wor
 
 
 def _delete_keys(redis_url: str, prefix: str) -> None:
-    import redis
+    from agent_cache.store.redis_store import delete_deployment
 
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match="{" + prefix + "*", count=1000))
-        for i in range(0, len(keys), 500):
-            client.delete(*keys[i:i + 500])
-    finally:
-        client.close()
+    delete_deployment(redis_url, prefix)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

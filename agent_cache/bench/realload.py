@@ -156,7 +156,6 @@ class _ClientSide:
 
         self.workers = list(job.workers)
         self.n = len(self.workers)
-        self.capacity = job.capacity_tokens
         self.policy = POLICIES[job.policy](self.n, 1, job.seed * 1000 + job.replica)
         self.client = client
         self._inflight = [0] * self.n
@@ -165,19 +164,19 @@ class _ClientSide:
     def inflight(self, i: int) -> int:
         return self._inflight[i]
 
-    def kv_tokens(self, i: int) -> int:
-        return 0
-
     async def call(self, session: SessionSpec, call: CallSpec) -> _Reply:
+        from agent_cache.bench.policies import Dispatch
+
         chat = call.chat
         assert chat is not None
-        i = self.policy.route(session.session_id, call.raw_template, self, 0)
+        dispatch = Dispatch(session.session_id, session.tenant, call.raw_template, call.raw_template_tokens, 0)
+        i = self.policy.route(dispatch, self)
         self._inflight[i] += 1
         try:
             reply = await self.client.send(self.workers[i], chat.messages, chat.tools, chat)
         finally:
             self._inflight[i] -= 1
-        self.policy.completed(0, i, session.session_id, reply.cached_tokens)
+        self.policy.completed(dispatch, i, reply.prompt_tokens, reply.cached_tokens)
         return reply
 
     def session_done(self, session_id: str) -> None:

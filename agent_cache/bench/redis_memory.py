@@ -17,6 +17,7 @@ import uuid
 import redis
 
 from agent_cache.routing.router import RouteRequest, Router
+from agent_cache.store.redis_store import delete_deployment
 
 WORKERS = [f"http://10.0.0.{i}:30000" for i in range(1, 5)]  # never contacted: probes are off
 
@@ -51,10 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         after = _used(client)
     finally:
         router.close()
-        keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
-        for i in range(0, len(keys), 500):
-            client.delete(*keys[i : i + 500])
         client.close()
+        delete_deployment(args.redis, prefix)
     delta = after - before
     print(f"used_memory before {before} after {after} delta {delta} "
           f"bytes/session {delta / args.sessions:.1f} ({args.sessions} sessions, redis {_version(args.redis)})")

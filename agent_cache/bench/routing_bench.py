@@ -157,13 +157,9 @@ def main(argv: list[str] | None = None) -> int:
             rows += _measure("redis: route + done, release_delay=0", unbatched, args)
             rows += _measure("redis: route + done + report", router, args, report=True)
         finally:
-            import redis
+            from agent_cache.store.redis_store import delete_deployment
 
-            client = redis.Redis.from_url(args.redis)
-            keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
-            for i in range(0, len(keys), 500):
-                client.delete(*keys[i : i + 500])
-            client.close()
+            delete_deployment(args.redis, prefix)
             router.close()
             unbatched.close()
     print(f"{args.decisions} decisions per measurement, sessions of {args.steps} calls, "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import math
 import os
 import signal
 import sys
@@ -34,7 +35,7 @@ from agent_cache.bench import report
 from agent_cache.bench.fleetsim import FleetConfig, RunResult, simulate, stderr_progress
 from agent_cache.bench.policies import POLICIES, make_policies
 from agent_cache.bench.realload import REAL_POLICIES
-from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate, load_trace
+from agent_cache.bench.workloads import KINDS, SessionSpec, WorkloadParams, generate, load_trace
 from agent_cache.errors import AgentCacheError, ConfigError
 
 ALL_POLICIES = tuple(POLICIES)
@@ -84,13 +85,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=("sim", "real"), default="sim",
                    help="sim: virtual-clock fleet simulation; real: real processes (simulated workers, Redis, smg)")
     p.add_argument("--trace", metavar="FILE", help="replay sessions of a JSONL trace instead of generated ones")
-    p.add_argument("--workload", choices=("react", "reflexion"), help="generated workload kind (default: preset's)")
+    p.add_argument("--workload", choices=KINDS, help="generated workload kind (default: preset's); coding: "
+                   "long-context software-engineering sessions (15-40 steps, contexts past 30k tokens)")
     p.add_argument("--workers", type=int, help="workers in the fleet")
     p.add_argument("--replicas", type=int, default=1,
                    help="router replicas (sim: policies with local state; real: load-generating router processes)")
     p.add_argument("--sessions", type=int, help="sessions in the main comparison")
-    p.add_argument("--rate", type=float, help="offered load in sessions/s")
-    p.add_argument("--capacity-tokens", type=int, help="KV cache capacity per worker, in tokens")
+    p.add_argument("--rate", type=float, help="offered load in sessions/s (with --trace: replaces the recorded "
+                   "session start times; the recorded gaps within a session are kept)")
+    p.add_argument("--speedup", type=float, default=1.0,
+                   help="--trace: divide the recorded gaps between a session's calls by this factor")
+    p.add_argument("--capacity-tokens", type=capacity_arg, metavar="N|xM",
+                   help="KV cache capacity per worker: N tokens, or xM, M times the workload's measured working "
+                        "set (peak live sessions' context tokens) divided among the workers, e.g. x1.5")
     p.add_argument("--page-size", type=int, default=1, help="radix cache page size in tokens")
     p.add_argument("--arrivals", choices=("poisson", "bursty"), default="poisson")
     p.add_argument("--policies", help="comma-separated subset of: " + ", ".join(ALL_POLICIES)
@@ -98,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench-results", metavar="DIR")
     p.add_argument("--no-sweeps", action="store_true", help="skip the capacity and offered-load sweeps (sim engine)")
-    p.add_argument("--redis", metavar="URL", help="real engine: Redis for agent-cache's metadata (default: a private "
+    p.add_argument("--redis", metavar="URL", help="Redis for agent-cache's metadata (sim engine: the routers run "
+                   "the real Lua scripts on it, default: the in-process store; real engine, default: a private "
                    "redis-server); the run's keys are deleted at the end")
     p.add_argument("--time-scale", type=float, metavar="S",
                    help="real engine: the simulated workers' latency model x S (1 = real time, 0 = instant; "
@@ -117,7 +125,7 @@ def _positive(name: str, value: float | None) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for flag in ("workers", "replicas", "sessions", "rate", "capacity_tokens", "page_size", "slo_ttft_p99"):
+    for flag in ("workers", "replicas", "sessions", "rate", "page_size", "slo_ttft_p99", "speedup"):
         _positive("--" + flag.replace("_", "-"), getattr(args, flag))
     if args.trace and not os.path.isfile(args.trace):
         raise ConfigError("--trace", f"no such file: {args.trace}")
@@ -126,27 +134,58 @@ def _check(args: argparse.Namespace) -> None:
 
         realengine.check(args)
         return
-    for flag in ("redis", "time_scale"):
-        if getattr(args, flag) is not None:
-            raise ConfigError("--" + flag.replace("_", "-"), "applies only to --engine real")
+    if args.time_scale is not None:
+        raise ConfigError("--time-scale", "applies only to --engine real")
+    if args.redis is not None:
+        from agent_cache.bench.realengine import check_redis
+
+        check_redis(args.redis)
     if args.policies:
         unknown = [n for n in args.policies.split(",") if n.strip() not in POLICIES]
         if unknown:
             raise ConfigError("--policies", f"unknown {', '.join(unknown)}; choose from {', '.join(ALL_POLICIES)}")
 
 
-def _workload(args: argparse.Namespace, preset: Preset, sessions: int, rate: float) -> list[SessionSpec]:
+def capacity_arg(text: str) -> int | float:
+    """``--capacity-tokens``: an int of tokens, or ``x<float>`` (returned as a float multiple)."""
+    try:
+        value: int | float = float(text[1:]) if text.startswith("x") else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected tokens (e.g. 60000) or a working-set multiple (e.g. x1.5), "
+                                         f"got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def _workload(args: argparse.Namespace, preset: Preset, sessions: int, rate: float | None,
+              kind: str | None = None) -> list[SessionSpec]:
     if args.trace:
-        return load_trace(args.trace, sessions=sessions, rate=rate,
+        return load_trace(args.trace, sessions=sessions, rate=rate, speedup=args.speedup,
                           arrivals=args.arrivals, seed=args.seed)
-    return generate(WorkloadParams(kind=args.workload or preset.kind, sessions=sessions, rate=rate,
-                                   arrivals=args.arrivals, seed=args.seed))
+    return generate(WorkloadParams(kind=kind or args.workload or preset.kind, sessions=sessions,
+                                   rate=rate or preset.rate, arrivals=args.arrivals, seed=args.seed))
+
+
+def working_set(sessions: list[SessionSpec], cfg: FleetConfig, seed: int) -> int:
+    """The workload's live working set in tokens, as the oracle run measures it (timing as on a real fleet)."""
+    return simulate(sessions, make_policies(["oracle"], cfg.workers, 1, seed)[0], cfg).working_set_tokens
+
+
+def resolve_capacity(capacity: int | float | None, default: int, sessions: list[SessionSpec], cfg: FleetConfig,
+                     seed: int) -> tuple[int, int | None]:
+    """Per-worker KV tokens for ``--capacity-tokens`` (a multiple is of the working set); and the working set."""
+    if capacity is None or isinstance(capacity, int):
+        return capacity or default, None
+    ws = working_set(sessions, cfg, seed)
+    return max(1, math.ceil(capacity * ws / cfg.workers)), ws
 
 
 def _run_all(sessions: list[SessionSpec], names: Sequence[str], cfg: FleetConfig, seed: int,
-             log: Callable[[str], None], label: str = "", progress: bool = True) -> list[RunResult]:
+             log: Callable[[str], None], label: str = "", progress: bool = True,
+             redis_url: str | None = None) -> list[RunResult]:
     out = []
-    for pol in make_policies(names, cfg.workers, cfg.replicas, seed):
+    for pol in make_policies(names, cfg.workers, cfg.replicas, seed, capacity=cfg.capacity_tokens, redis_url=redis_url):
         tag = f"{label}{pol.name}"
         res = simulate(sessions, pol, cfg, stderr_progress(tag) if progress else None)
         log(f"{tag}: {res.sessions_done}/{res.sessions} sessions, {res.calls} calls, {res.wall_s:.1f} s")
@@ -176,20 +215,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         names = names + ("oracle",)  # oracle_fraction needs it
     workers = args.workers or preset.workers
     n_sessions = args.sessions or (100 if args.trace else preset.sessions)
-    rate = args.rate or (2.0 if args.trace else preset.rate)
-    cfg = FleetConfig(workers=workers, capacity_tokens=args.capacity_tokens or preset.capacity_tokens,
-                      page_size=args.page_size, replicas=args.replicas)
+    rate = args.rate if args.trace else (args.rate or preset.rate)
+    cfg = FleetConfig(workers=workers, page_size=args.page_size, replicas=args.replicas)
     log: Callable[[str], None] = (lambda m: None) if args.quiet else (
         lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     sessions = _workload(args, preset, n_sessions, rate)
     log(f"workload: {len(sessions)} sessions ({'trace ' + args.trace if args.trace else args.workload or preset.kind})"
         f", built in {time.perf_counter() - t0:.1f} s")
-    results = _run_all(sessions, names, cfg, args.seed, log, progress=not args.quiet)
+    capacity, ws = resolve_capacity(args.capacity_tokens, preset.capacity_tokens, sessions, cfg, args.seed)
+    cfg = dataclasses.replace(cfg, capacity_tokens=capacity)
+    if ws is not None:
+        log(f"working set {ws:,} tokens: {capacity:,} KV tokens per worker ({args.capacity_tokens:g} x)")
+    results = _run_all(sessions, names, cfg, args.seed, log, progress=not args.quiet, redis_url=args.redis)
+    oracle = next((r for r in results if r.policy == "oracle"), None)
     config = {
         "preset": args.preset, "engine": "sim", "workload": "trace" if args.trace else (args.workload or preset.kind),
         "trace": args.trace, "workers": workers, "replicas": args.replicas, "sessions": len(sessions),
-        "rate_sessions_per_s": rate, "arrivals": args.arrivals, "capacity_tokens_per_worker": cfg.capacity_tokens,
+        "rate_sessions_per_s": rate, "speedup": args.speedup if args.trace else None,
+        "working_set_tokens": ws if ws is not None else (oracle.working_set_tokens if oracle else None),
+        "capacity_multiple": args.capacity_tokens if isinstance(args.capacity_tokens, float) else None,
+        "metadata_store": "redis" if args.redis else "memory", "arrivals": args.arrivals, "capacity_tokens_per_worker": cfg.capacity_tokens,
         "page_size": cfg.page_size, "seed": args.seed, "model": cfg.latency.model.name, "gpu": cfg.latency.gpu.name,
         "max_running_requests": cfg.scheduler_config("radix").running_limit, "schedule_policy": cfg.schedule_policy,
     }
@@ -200,7 +246,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ys: dict[str, list[float]] = {n: [] for n in sweep_names}
         for cap in preset.capacity_sweep:
             for r in _run_all(small, sweep_names, dataclasses.replace(cfg, capacity_tokens=cap), args.seed, log,
-                              f"capacity={cap} ", progress=False):
+                              f"capacity={cap} ", progress=False, redis_url=args.redis):
                 ys[r.policy].append(_hit(r))
         doc["capacity_sweep"] = {"x_label": "capacity_tokens", "x": list(preset.capacity_sweep), "y": ys,
                                  "sessions": len(small), "metric": "token_hit_rate"}
@@ -212,7 +258,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ys = {n: [] for n in sweep_names}
             for x in values:
                 for r in _run_all(small, sweep_names, dataclasses.replace(cfg, **{label: x}), args.seed, log,
-                                  f"{label}={x} ", progress=False):
+                                  f"{label}={x} ", progress=False, redis_url=args.redis):
                     ys[r.policy].append(_hit(r))
             doc[key] = {"x_label": label, "x": list(values), "y": ys, "sessions": len(small),
                         "metric": "token_hit_rate"}
@@ -220,7 +266,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         p99s: dict[str, list[float]] = {n: [] for n in sweep_names}
         for load in preset.load_sweep:
             loaded = _workload(args, preset, min(preset.sweep_sessions, n_sessions), load)
-            for r in _run_all(loaded, sweep_names, cfg, args.seed, log, f"rate={load:g} ", progress=False):
+            for r in _run_all(loaded, sweep_names, cfg, args.seed, log, f"rate={load:g} ", progress=False, redis_url=args.redis):
                 ys[r.policy].append(_throughput(r))
                 p99s[r.policy].append(report.quantile(sorted(r.ttfts), 0.99))
         doc["load_sweep"] = {"x_label": "rate", "x": list(preset.load_sweep), "y": ys, "ttft_p99_s": p99s,

@@ -86,6 +86,8 @@ class CallSpec:
     tmpl_template: str  # template id after templatize (shared by the sessions of one agent)
     think_s: float  # delay after the previous call returned (tool time); 0 for the first call
     chat: ChatCall | None = None  # only from start(chat=True)
+    raw_template_tokens: int = 0  # the Templater's token length of the stable part, templates off ...
+    tmpl_template_tokens: int = 0  # ... and templatized (what ChatSGLang sends as the route's estimate)
 
 
 class SessionSpec:
@@ -126,9 +128,12 @@ def words(ids: Sequence[int]) -> str:
 # --- generated workloads -----------------------------------------------------
 
 
+KINDS = ("react", "reflexion", "coding")
+
+
 @dataclass(frozen=True)
 class WorkloadParams:
-    kind: str = "react"  # react | reflexion
+    kind: str = "react"  # react | reflexion | coding
     sessions: int = 300
     templates: int = 4  # distinct agents (system prompt + tools)
     tenants: int = 2
@@ -147,10 +152,29 @@ class WorkloadParams:
     burst_size: float = 8.0  # mean sessions per burst (bursty)
     think_s: float = 0.3  # mean tool time between calls
     seed: int = 0
+    # coding: a long-context software-engineering agent (see docs/benchmarks.md, "Workloads")
+    coding_system_tokens: int = 2400  # instructions in the one shared system prompt ...
+    coding_tool_tokens: int = 900  # ... and its tool definitions (edit, run, search, open, submit)
+    task_tokens: int = 300  # the issue text in the first user message
+    min_steps: int = 15
+    max_steps: int = 40
+    step_output_tokens: int = 150  # mean thought + tool call per step
+    tool_output_min: int = 200  # tool outputs are log-uniform in [min, max] tokens
+    tool_output_max: int = 4000
+    tool_time_min_s: float = 1.0  # tool execution time between steps, log-uniform in [min, max]
+    tool_time_max_s: float = 30.0
+    early_stop: float = 0.2  # share of sessions that end at a random earlier step
+    max_context_tokens: int = 64_000  # a session ends when its next prompt would pass this
 
     def check(self) -> None:
-        if self.kind not in ("react", "reflexion"):
-            raise ConfigError("workload", f"unknown kind {self.kind!r}; use react or reflexion")
+        if self.kind not in KINDS:
+            raise ConfigError("workload", f"unknown kind {self.kind!r}; use one of {', '.join(KINDS)}")
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ConfigError("min_steps", f"need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}")
+        if not 0 < self.tool_output_min <= self.tool_output_max:
+            raise ConfigError("tool_output_min", "need 0 < tool_output_min <= tool_output_max")
+        if not 0 < self.tool_time_min_s <= self.tool_time_max_s:
+            raise ConfigError("tool_time_min_s", "need 0 < tool_time_min_s <= tool_time_max_s")
         if self.arrivals not in ("poisson", "bursty"):
             raise ConfigError("arrivals", f"unknown arrivals {self.arrivals!r}; use poisson or bursty")
         for name in ("sessions", "templates", "tenants"):
@@ -210,7 +234,7 @@ class _Heads:
             t = self._templaters[(mode, tenant)] = Templater(mode, tenant=tenant)
         return t
 
-    def build(self, fam: _Family, header: str) -> tuple[tuple[int, ...], tuple[int, ...], str, str]:
+    def build(self, fam: _Family, header: str) -> "_Head":
         import json
 
         messages = [{"role": "system", "content": header + "\n\n" + fam.text if header else fam.text}]
@@ -221,7 +245,24 @@ class _Heads:
         first = tm.messages[0]
         shared = _shared_head(tm.template_id, first["content"], json.dumps(tm.tools) if tm.tools else "")
         rest = tuple(render_ids(tm.messages[1:], None, add_generation_prompt=False)) if len(tm.messages) > 1 else ()
-        return raw, shared + rest, off.template_id, tm.template_id
+        return _Head(raw, shared + rest, off.template_id, tm.template_id, off.template_tokens, tm.template_tokens)
+
+
+@dataclass(frozen=True)
+class _Head:
+    """A session's prompt head for one family, in both forms, with its template ids and lengths."""
+
+    raw: tuple[int, ...]
+    tmpl: tuple[int, ...]
+    raw_tid: str
+    tmpl_tid: str
+    raw_tokens: int
+    tmpl_tokens: int
+
+    def call(self, prompt: list[int], out: list[int], think_s: float, chat: ChatCall | None) -> CallSpec:
+        """The call whose prompt is this head followed by ``prompt``."""
+        return CallSpec(list(self.raw) + prompt, list(self.tmpl) + prompt, out, self.raw_tid, self.tmpl_tid,
+                        think_s, chat, self.raw_tokens, self.tmpl_tokens)
 
 
 @dataclass(frozen=True)
@@ -232,7 +273,7 @@ class _GenSession(SessionSpec):
     kind: str
     seed: int
     params: WorkloadParams = field(repr=False)
-    heads: tuple = field(repr=False)  # per family: (raw, tmpl, raw_tid, tmpl_tid)
+    heads: tuple = field(repr=False)  # per family: its _Head
     header: str = field(default="", repr=False)  # the session's volatile system-prompt header
     families: tuple = field(default=(), repr=False)  # the _Family of each head
 
@@ -242,6 +283,8 @@ class _GenSession(SessionSpec):
         question = rng.choices(_VOCAB, k=p.question_tokens)
         if self.kind == "react":
             yield from self._react(rng, p, self.heads[0], question, [], first=True, chat=self._chat_head(0, chat))
+        elif self.kind == "coding":
+            yield from self._coding(rng, p, self._chat_head(0, chat))
         else:
             yield from self._reflexion(rng, p, question, chat)
 
@@ -259,7 +302,6 @@ class _GenSession(SessionSpec):
     def _react(self, rng: random.Random, p: WorkloadParams, head: tuple, question: list[int],
                reflections: list[list[int]], first: bool, trajectory: list[int] | None = None,
                chat: tuple[str, tuple[dict, ...]] | None = None) -> Iterator[CallSpec]:
-        raw_head, tmpl_head, raw_tid, tmpl_tid = head
         user = list(question)
         for r in reflections:
             user += r
@@ -272,15 +314,43 @@ class _GenSession(SessionSpec):
             out = self._ids(rng, p.output_tokens)
             prompt = body + list(GEN_PROMPT)
             cc = None if msgs is None else ChatCall(tuple(msgs), chat[1] if chat else None, words(out), len(out))
-            yield CallSpec(list(raw_head) + prompt, list(tmpl_head) + prompt, out, raw_tid, tmpl_tid,
-                           0.0 if (first and k == 0) else rng.expovariate(1.0 / p.think_s) if p.think_s > 0 else 0.0,
-                           cc)
+            yield head.call(prompt, out,
+                            0.0 if (first and k == 0) else rng.expovariate(1.0 / p.think_s) if p.think_s > 0 else 0.0,
+                            cc)
             obs = self._ids(rng, p.observation_tokens)
             body += _segment("assistant", out) + _segment("tool", obs)
             if msgs is not None and cc is not None:
                 msgs += [{"role": "assistant", "content": cc.output}, {"role": "user", "content": "Observation:" + words(obs)}]
             if trajectory is not None:
                 trajectory += out + obs
+
+    def _coding(self, rng: random.Random, p: WorkloadParams,
+                chat: tuple[str, tuple[dict, ...]] | None) -> Iterator[CallSpec]:
+        head = self.heads[0]
+        task = rng.choices(_VOCAB, k=p.task_tokens)
+        body = _segment("user", task)
+        msgs = None if chat is None else [{"role": "system", "content": chat[0]}, {"role": "user", "content": words(task)}]
+        steps = rng.randint(p.min_steps, p.max_steps)
+        if rng.random() < p.early_stop:
+            steps = rng.randint(1, steps)
+        for k in range(steps):
+            prompt = body + list(GEN_PROMPT)
+            if len(head.tmpl) + len(prompt) > p.max_context_tokens:
+                return  # the agent stops at its context limit
+            n_out = min(max(20, int(rng.expovariate(1.0 / p.step_output_tokens))), 4 * p.step_output_tokens)
+            out = self._slice(rng, n_out)
+            cc = None if msgs is None else ChatCall(tuple(msgs), chat[1] if chat else None, words(out), len(out))
+            think = 0.0 if k == 0 else _log_uniform(rng, p.tool_time_min_s, p.tool_time_max_s)
+            yield head.call(prompt, out, think, cc)
+            obs = self._slice(rng, int(_log_uniform(rng, p.tool_output_min, p.tool_output_max)))
+            body += _segment("assistant", out) + _segment("tool", obs)
+            if msgs is not None and cc is not None:
+                msgs += [{"role": "assistant", "content": cc.output}, {"role": "user", "content": "Observation:" + words(obs)}]
+
+    @staticmethod
+    def _slice(rng: random.Random, n: int) -> list[int]:
+        off = rng.randrange(len(_POOL) - n)
+        return _POOL[off:off + n]
 
     def _reflexion(self, rng: random.Random, p: WorkloadParams, question: list[int], chat: bool) -> Iterator[CallSpec]:
         reflections: list[list[int]] = []
@@ -290,15 +360,18 @@ class _GenSession(SessionSpec):
                                    chat=self._chat_head(0, chat))
             if trial == p.max_trials - 1 or rng.random() < p.trial_success:
                 return
-            raw_head, tmpl_head, raw_tid, tmpl_tid = self.heads[1]
             prompt = _segment("user", question + trajectory) + list(GEN_PROMPT)
             out = self._ids(rng, p.reflection_tokens)
             head = self._chat_head(1, chat)
             cc = None if head is None else ChatCall(
                 ({"role": "system", "content": head[0]}, {"role": "user", "content": words(question + trajectory)}),
                 head[1], words(out), len(out))
-            yield CallSpec(list(raw_head) + prompt, list(tmpl_head) + prompt, out, raw_tid, tmpl_tid, 0.0, cc)
+            yield self.heads[1].call(prompt, out, 0.0, cc)
             reflections.append(out)
+
+
+def _log_uniform(rng: random.Random, low: float, high: float) -> float:
+    return low * (high / low) ** rng.random()
 
 
 def _poisson(rng: random.Random, lam: float) -> int:
@@ -332,8 +405,15 @@ def generate(params: WorkloadParams) -> list[SessionSpec]:
     params.check()
     rng = random.Random(params.seed)
     families: list[list[_Family]] = []
-    for i in range(params.templates):
+    n_templates = 1 if params.kind == "coding" else params.templates  # coding: one agent for every session
+    for i in range(n_templates):
         tenant = f"tenant{i % params.tenants}"
+        if params.kind == "coding":
+            families.append([_make_family("coder", tenant, "You are an autonomous software engineering agent. Fix "
+                                          "the issue in the repository using the tools; run the tests before you "
+                                          "submit.", params.coding_system_tokens, params.coding_tool_tokens,
+                                          params.seed)])
+            continue
         actor = _make_family(f"agent{i}", tenant, f"You are agent {i}. Solve a question answering task with "
                              "interleaving Thought, Action, Observation steps.",
                              params.fewshot_tokens, params.tool_schema_tokens, params.seed)
@@ -347,7 +427,7 @@ def generate(params: WorkloadParams) -> list[SessionSpec]:
     times = arrival_times(params.sessions, params.rate, params.arrivals, rng, params.burst_size)
     out: list[SessionSpec] = []
     for n, t in enumerate(times):
-        fams = families[rng.randrange(params.templates)]
+        fams = families[rng.randrange(n_templates)]
         header = ""
         if params.volatile:
             stamp = 1_796_000_000 + int(t) + rng.randrange(86_400)
@@ -378,6 +458,8 @@ class _TraceCall:
     tmpl_template: str
     gap_s: float | None
     chat: ChatCall | None = None  # kept by load_trace(chat=True)
+    raw_template_tokens: int = 0
+    tmpl_template_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -400,19 +482,30 @@ class _TraceSession(SessionSpec):
             think = 0.0 if k == 0 else (c.gap_s if c.gap_s is not None else rng.expovariate(1.0 / self.think_s))
             raw = list(c.raw)
             yield CallSpec(raw, raw if c.tmpl is None else list(c.tmpl), out, c.raw_template, c.tmpl_template, think,
-                           c.chat if chat else None)
+                           c.chat if chat else None, c.raw_template_tokens, c.tmpl_template_tokens)
 
 
-def load_trace(path: str, *, sessions: int | None = None, rate: float = 2.0, think_s: float = 0.3,
-               arrivals: str = "poisson", seed: int = 0, chat: bool = False) -> list[SessionSpec]:
+DEFAULT_TRACE_RATE = 2.0  # sessions/s when a trace has no times and no rate is given
+
+
+def load_trace(path: str, *, sessions: int | None = None, rate: float | None = None, speedup: float = 1.0,
+               think_s: float = 0.3, arrivals: str = "poisson", seed: int = 0, chat: bool = False) -> list[SessionSpec]:
     """Sessions of a trace file, closed-loop, with the recorded outputs.
 
-    The first ``sessions`` sessions (file order) are kept. When calls carry
-    ``t``, sessions start at their recorded first ``t`` and call k+1 waits its
-    recorded gap after call k returns; otherwise arrivals are generated.
+    The first ``sessions`` sessions (file order) are kept. Session starts:
+    with ``rate``, generated arrivals at that many sessions/s (so a recorded
+    trace can be replayed at a load that stresses the fleet); without it, the
+    recorded first ``t`` of each session, or generated arrivals at
+    ``DEFAULT_TRACE_RATE`` when calls carry no ``t``. Within a session, call
+    k+1 waits its recorded gap after call k returns (divided by ``speedup``),
+    or a random tool time of mean ``think_s`` when the trace has no times.
     ``chat``: also keep each call's recorded messages and output text (the
     real-process engine sends them as they are).
     """
+    if rate is not None and rate <= 0:
+        raise ConfigError("rate", f"must be positive, got {rate}")
+    if speedup <= 0:
+        raise ConfigError("speedup", f"must be positive, got {speedup}")
     from agent_cache.bench.trace import iter_trace
 
     off, tm = Templater("off"), Templater("templatize")
@@ -424,7 +517,7 @@ def load_trace(path: str, *, sessions: int | None = None, rate: float = 2.0, thi
             by_session[call.session_id] = []
         by_session[call.session_id].append(call)
     rng = random.Random(seed)
-    times = arrival_times(len(by_session), rate, arrivals, rng)
+    times = arrival_times(len(by_session), rate or DEFAULT_TRACE_RATE, arrivals, rng)
     t0 = min((c[0].t for c in by_session.values() if c and c[0].t is not None), default=None)
     out: list[SessionSpec] = []
     for i, (sid, calls) in enumerate(by_session.items()):
@@ -438,13 +531,14 @@ def load_trace(path: str, *, sessions: int | None = None, rate: float = 2.0, thi
             out_ids = encode_text(c.output)
             gap = None
             if k > 0 and c.t is not None and calls[k - 1].t is not None:
-                gap = max(0.0, c.t - calls[k - 1].t)
+                gap = max(0.0, c.t - calls[k - 1].t) / speedup
             n_out = c.output_tokens if c.output_tokens is not None else max(1, len(out_ids))
             cc = ChatCall(tuple(c.messages), None, c.output, len(out_ids) or 1) if chat else None
             specs.append(_TraceCall(array("I", raw), None if tmpl == raw else array("I", tmpl), array("I", out_ids),
-                                    n_out, f"{c.agent}:{n_off.template_id}", f"{c.agent}:{n_tm.template_id}", gap, cc))
+                                    n_out, f"{c.agent}:{n_off.template_id}", f"{c.agent}:{n_tm.template_id}", gap, cc,
+                                    n_off.template_tokens, n_tm.template_tokens))
         start = times[i]
-        if t0 is not None and calls[0].t is not None:
+        if rate is None and t0 is not None and calls[0].t is not None:
             start = calls[0].t - t0
         out.append(_TraceSession(sid, "default", start, tuple(specs), think_s,
                                  int(hashlib.sha256(f"{seed}:{sid}".encode()).hexdigest()[:12], 16)))

@@ -74,6 +74,18 @@ def validate_redis_url(url: str, field: str = "redis_url") -> str:
     return url
 
 
+def delete_deployment(redis_url: str, prefix: str) -> int:
+    """Delete every key of the deployment ``prefix`` (its ``{prefix}`` hash tag); returns how many."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        found = list(client.scan_iter(match=keys.tag(prefix) + "*", count=1000))
+        for i in range(0, len(found), 500):
+            client.delete(*found[i:i + 500])
+        return len(found)
+    finally:
+        client.close()
+
+
 def _map_errors(exc: Exception) -> StoreError:
     if isinstance(exc, _UNAVAILABLE):
         return StoreUnavailableError(f"redis unavailable: {exc}")

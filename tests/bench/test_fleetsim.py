@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from agent_cache.bench import policies as pol_mod
 from agent_cache.bench.fleetsim import FleetConfig, simulate
 from agent_cache.bench.policies import POLICIES, make_policies
 from agent_cache.bench.report import all_metrics, write_atomic
@@ -83,22 +82,6 @@ def test_sticky_policy_hits_every_later_call_with_room() -> None:
         calls = list(s.start())
         expected += sum(len(p.raw) + len(p.output) for p in calls[:-1])
     assert res.cached_tokens >= expected  # every later call hits its whole history
-
-
-def test_agent_cache_calls_the_real_placement_rule(monkeypatch) -> None:
-    seen = []
-    real = pol_mod.choose_worker
-
-    def spy(snapshot, session_id, policy):
-        d = real(snapshot, session_id, policy)
-        seen.append(d.outcome)
-        return d
-
-    monkeypatch.setattr(pol_mod, "choose_worker", spy)
-    ss = generate(WorkloadParams(sessions=30, seed=9))
-    res = simulate(ss, make_policies(["agent-cache"], 4, 1, 0)[0], FleetConfig(workers=4))
-    assert len(seen) == res.calls
-    assert "placed_template" in seen and "pinned" in seen
 
 
 def test_small_capacity_evicts_and_stays_bounded() -> None:

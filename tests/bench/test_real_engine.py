@@ -163,7 +163,14 @@ def test_bad_real_engine_flags_exit_2_naming_the_flag(argv, flag, words, tmp_pat
     assert _live_descendants(os.getpid()) <= before
 
 
-@pytest.mark.parametrize("flag, value", [("--time-scale", "1"), ("--redis", "redis://127.0.0.1:6379/0")])
-def test_real_only_flags_rejected_by_the_sim_engine(flag, value, tmp_path, capsys) -> None:
+@pytest.mark.parametrize("flag, value", [("--time-scale", "1"), ("--redis", "http://127.0.0.1:6379/0"),
+                                         ("--capacity-tokens", "x0")])
+def test_bad_or_real_only_flags_rejected_by_the_sim_engine(flag, value, tmp_path, capsys) -> None:
     assert main_bench([flag, value, "--out", str(tmp_path), "--quiet"]) == 2
-    assert flag in capsys.readouterr().err
+    assert flag.lstrip("-") in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_working_set_multiple_rejected_by_the_real_engine(tmp_path, capsys) -> None:
+    assert main_bench(["--engine", "real", "--capacity-tokens", "x1.5", "--out", str(tmp_path), "--quiet"]) == 2
+    assert "--capacity-tokens" in capsys.readouterr().err
