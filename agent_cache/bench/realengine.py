@@ -75,6 +75,9 @@ REAL_PRESETS = {
 
 def check(args: argparse.Namespace) -> None:
     """Flags the real engine cannot run with (ConfigError naming the flag)."""
+    if args.preset not in REAL_PRESETS:
+        raise ConfigError("--preset", f"{args.preset} exists only in the sim engine; the real engine runs: "
+                          f"{', '.join(sorted(REAL_PRESETS))}")
     if args.policies:
         for name in (n.strip() for n in args.policies.split(",")):
             if name in SIM_ONLY:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import signal
@@ -66,6 +67,8 @@ PRESETS = {
                    workers_sweep=(8, 16, 32, 64), replicas_sweep=(1, 2, 4, 8),
                    load_sweep=(8.0, 32.0, 64.0, 128.0), sweep_sessions=600),
     "seed": Preset(workers=8, sessions=1_000, rate=30.0, policies=("no-cache", "agent-cache")),
+    # ReAct, Reflexion and coding at KV capacity x1, x1.5, x3 of the working set, then at rising load
+    "pressure": Preset(workers=8, sessions=0, rate=0.0, policies=()),
 }
 
 
@@ -80,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "or real processes (--engine real: simulated SGLang worker servers, Redis, router replica "
                     "processes and the real smg gateway; oracle and no-cache exist only in the sim engine).")
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick",
-                   help="sim: quick 8 workers/300 sessions, full 16/3,000, seed no-cache vs agent-cache; "
+                   help="sim: quick 8 workers/300 sessions, full 16/3,000, seed no-cache vs agent-cache, pressure "
+                        "ReAct/Reflexion/coding at KV capacity x1, x1.5, x3 of the working set and rising load; "
                         "real: quick 4 workers/32 sessions, full 8/200, seed 4/60 with 4x slower modelled GPUs")
     p.add_argument("--engine", choices=("sim", "real"), default="sim",
                    help="sim: virtual-clock fleet simulation; real: real processes (simulated workers, Redis, smg)")
@@ -210,6 +214,8 @@ def _at_slo(throughputs: list[float], p99s: list[float], slo: float) -> float | 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the comparison (and sweeps) of ``args``; write the results; return results.json's content."""
     preset = PRESETS[args.preset]
+    if args.preset == "pressure":
+        return _run_pressure(args, preset)
     names = tuple(n.strip() for n in args.policies.split(",")) if args.policies else preset.policies
     if "oracle" not in names and args.preset != "seed":
         names = names + ("oracle",)  # oracle_fraction needs it
@@ -282,6 +288,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
+def _run_pressure(args: argparse.Namespace, preset: Preset) -> dict[str, Any]:
+    from agent_cache.bench import pressure
+
+    log: Callable[[str], None] = (lambda m: None) if args.quiet else (
+        lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+    doc = pressure.run(args, args.workers or preset.workers, log)
+    os.makedirs(args.out, exist_ok=True)
+    paths = [os.path.join(args.out, "results.json"), os.path.join(args.out, "results.md")]
+    report.write_atomic(paths[0], json.dumps(doc, indent=2) + "\n")
+    report.write_atomic(paths[1], pressure.markdown(doc))
+    if not args.no_plots:
+        paths += pressure.write_plots(args.out, doc)
+    log("wrote " + ", ".join(paths))
+    return doc
+
+
 @contextlib.contextmanager
 def _sigterm_as_exit() -> Iterator[None]:
     """SIGTERM raises SystemExit (so ``finally`` blocks run) while the real engine runs in the main thread."""
@@ -321,6 +343,11 @@ def main_bench(argv: list[str] | None = None) -> int:
     except AgentCacheError as e:  # e.g. TraceFormatError, BenchProcessError
         print(f"agent-cache bench: {e}", file=sys.stderr)
         return 1
+    if "pressure" in doc:
+        from agent_cache.bench import pressure
+
+        print(pressure.markdown(doc), end="")
+        return 0
     columns = report.REAL_COLUMNS if args.engine == "real" else report.SIM_COLUMNS
     print(report.markdown_table(doc["policies"], columns), end="")
     return 0

@@ -5,13 +5,18 @@ The memory store calls :func:`choose_worker` directly; the Redis Lua script
 random scenarios through both. Keep the two in step: same formula, same
 evaluation order (floating-point results must be bit-identical).
 
-Cost function (see docs/routing.md)::
+Every term is in one unit, tokens a worker must prefill (see docs/routing.md)::
 
-    load(w)  = inflight(w) + kv_weight * kv_tokens(w) / capacity(w)
-    mean     = average load over the healthy workers of the pool
-    holder w is eligible   if load(w) <= (1 + epsilon) * mean + slack
-    pin moves (overload)   if load(w) >  move_factor * mean + slack
-                           and the session's cached tokens dropped
+    footprint(w) = KV tokens of w's live sessions (latest context each)
+    g            = expected footprint of the session: max(its tokens, mean live session footprint)
+    cost(w)      = miss(w)                     template tokens, if w does not hold the template
+                 + pushed_out(w)               tokens of other sessions pushed past w's capacity
+                 + footprint(w) * scale(w)     what w's sessions hold and will keep asking of it
+                 + g * inflight(w)             calls running there now
+    new session  -> the cheapest candidate (ties: rendezvous hash)
+    pin moves    -> its worker is down / draining / removed; or its prefix was lost there
+                    (cached tokens dropped) and that worker is past its capacity ("evicted")
+                    while another has room; or it is overloaded in calls ("overloaded")
 """
 
 from __future__ import annotations
@@ -29,10 +34,9 @@ DRAINING = "draining"
 class Policy:
     """Tunables of the placement rule (defaults documented in docs/routing.md)."""
 
-    epsilon: float = 0.25  # bounded-load slack over the pool mean for template holders
-    slack: float = 2.0  # absolute slack (in in-flight-call units) so a quiet fleet still reuses caches
-    move_factor: float = 2.0  # a pin moves only past this multiple of the mean ...
-    kv_weight: float = 4.0  # a worker with a full KV pool counts as this many in-flight calls
+    live_window: float = 60.0  # a session idle this long (s) is done: its KV no longer counts as held
+    move_factor: float = 2.0  # a pin that lost its prefix moves when its worker's calls pass this x the mean ...
+    slack: float = 2.0  # ... plus this many calls
 
 
 @dataclass(frozen=True)
@@ -40,8 +44,9 @@ class WorkerView:
     url: str
     state: str = UP
     inflight: int = 0
-    kv_tokens: int = 0
+    kv_tokens: int = 0  # footprint: the latest context tokens of the worker's live sessions, summed
     capacity: int = 1
+    live_sessions: int = 0  # sessions counted in kv_tokens
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class PinView:
     epoch: int = 0
     last_cached: int = 0  # cached tokens reported for the latest step
     prev_cached: int = 0  # ... and for the step before it
+    held: int = 0  # the session's tokens counted in its worker's footprint
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class Snapshot:
     workers: tuple[WorkerView, ...]
     pin: PinView | None = None
     template_workers: frozenset[str] = field(default_factory=frozenset)
+    template_tokens: int = 0  # the session's template length (the route's token estimate)
 
 
 @dataclass(frozen=True)
@@ -68,27 +75,38 @@ class Decision:
     epoch: int = 0
 
 
-def load(w: WorkerView, policy: Policy) -> float:
-    return w.inflight + policy.kv_weight * w.kv_tokens / max(w.capacity, 1)
+def expected_footprint(workers: tuple[WorkerView, ...], tokens: int) -> float:
+    """What a session will hold: its own tokens, or the pool's mean live session footprint if larger."""
+    total, count = 0.0, 0
+    for w in workers:
+        total = total + w.kv_tokens
+        count = count + w.live_sessions
+    mean = total / count if count > 0 else 0.0
+    return max(float(tokens), mean)
 
 
-def _mean(workers: list[WorkerView], policy: Policy) -> float:
+def cost(w: WorkerView, snapshot: Snapshot, g: float, mean_capacity: float) -> float:
+    """Tokens of prefill that placing the session on ``w`` costs, now and later (module docstring)."""
+    miss = 0.0 if w.url in snapshot.template_workers else float(snapshot.template_tokens)
+    cap = max(w.capacity, 1)
+    pushed = max(0.0, w.kv_tokens + g - cap) - max(0.0, float(w.kv_tokens - cap))
+    return miss + pushed + w.kv_tokens * (mean_capacity / cap) + g * w.inflight
+
+
+def _cheapest(session_id: str, workers: list[WorkerView], snapshot: Snapshot, g: float) -> WorkerView:
+    # Ties (common on an idle fleet) go to the rendezvous winner, so processes agree.
     total = 0.0
     for w in workers:
-        total = total + load(w, policy)
-    return total / len(workers) if workers else 0.0
-
-
-def _least_loaded(session_id: str, workers: list[WorkerView], policy: Policy) -> WorkerView:
-    # Ties (common on an idle fleet) go to the rendezvous winner, so processes agree.
+        total = total + max(w.capacity, 1)
+    mean_capacity = total / len(workers)
     best = workers[0]
-    best_load = load(best, policy)
+    best_cost = cost(best, snapshot, g, mean_capacity)
     best_score = rendezvous_score(session_id, best.url)
     for w in workers[1:]:
-        lw = load(w, policy)
-        sw = rendezvous_score(session_id, w.url)
-        if lw < best_load or (lw == best_load and sw > best_score):
-            best, best_load, best_score = w, lw, sw
+        c = cost(w, snapshot, g, mean_capacity)
+        s = rendezvous_score(session_id, w.url)
+        if c < best_cost or (c == best_cost and s > best_score):
+            best, best_cost, best_score = w, c, s
     return best
 
 
@@ -102,15 +120,24 @@ def _move_reason(snapshot: Snapshot, policy: Policy) -> str | None:
         return "unhealthy"
     if current.state == DRAINING:
         return "draining"
+    if pin.last_cached >= pin.prev_cached:
+        return None  # the prefix is intact: never move it for balance alone
     healthy = [w for w in snapshot.workers if w.state == UP]
-    mean = _mean(healthy, policy)
-    if load(current, policy) > policy.move_factor * mean + policy.slack and pin.last_cached < pin.prev_cached:
+    if current.kv_tokens > current.capacity:
+        for w in healthy:
+            if w.url != pin.worker and w.kv_tokens + pin.held <= w.capacity:
+                return "evicted"
+    total = 0.0
+    for w in healthy:
+        total = total + w.inflight
+    mean = total / len(healthy)
+    if current.inflight > policy.move_factor * mean + policy.slack:
         return "overloaded"
     return None
 
 
 def choose_worker(snapshot: Snapshot, session_id: str, policy: Policy = Policy()) -> Decision:
-    """Keep the pin unless it must move; otherwise place by template, then by load."""
+    """Keep the pin unless it must move; otherwise place on the cheapest candidate."""
     pin = snapshot.pin
     reason: str | None = None
     if pin is not None:
@@ -120,13 +147,11 @@ def choose_worker(snapshot: Snapshot, session_id: str, policy: Policy = Policy()
     candidates = [w for w in snapshot.workers if w.state == UP and (pin is None or w.url != pin.worker)]
     if not candidates:
         return Decision(None, "none", pin.epoch if pin else 0)
-    mean = _mean(candidates, policy)
-    bound = (1.0 + policy.epsilon) * mean + policy.slack
-    holders = [w for w in candidates if w.url in snapshot.template_workers and load(w, policy) <= bound]
-    if holders:
-        chosen, outcome = _least_loaded(session_id, holders, policy), "placed_template"
-    else:
-        chosen, outcome = _least_loaded(session_id, candidates, policy), "placed_least_load"
+    if reason == "evicted":  # only where it fits: another full worker would evict it again
+        candidates = [w for w in candidates if w.kv_tokens + pin.held <= w.capacity]
+    g = expected_footprint(snapshot.workers, max(snapshot.template_tokens, pin.held if pin else 0))
+    chosen = _cheapest(session_id, candidates, snapshot, g)
     if pin is not None:
         return Decision(chosen.url, f"moved:{reason}", pin.epoch + 1)
+    outcome = "placed_template" if chosen.url in snapshot.template_workers else "placed_least_load"
     return Decision(chosen.url, outcome, 1)

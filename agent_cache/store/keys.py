@@ -64,13 +64,23 @@ def inflight(prefix: str) -> str:
 
 
 def kv_tokens(prefix: str) -> str:
-    """Hash: worker URL -> estimated KV tokens held by its sessions."""
+    """Hash: worker URL -> footprint, the KV tokens held by its live sessions (used within the live window)."""
     return f"{tag(prefix)}:kv"
 
 
+def live_sessions(prefix: str) -> str:
+    """Hash: worker URL -> sessions counted in its footprint."""
+    return f"{tag(prefix)}:an"
+
+
 def live(prefix: str) -> str:
-    """Sorted set: every live session (tenant-namespaced) -> last use (ms); the route script expires from it."""
+    """Sorted set: every pinned session (tenant-namespaced) -> last use (ms); the route script expires from it."""
     return f"{tag(prefix)}:live"
+
+
+def active(prefix: str) -> str:
+    """Sorted set: the sessions counted in a footprint -> last use (ms); quiet ones leave the count."""
+    return f"{tag(prefix)}:act"
 
 
 def workers_set(prefix: str) -> str:

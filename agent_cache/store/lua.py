@@ -36,26 +36,53 @@ local function apply_releases(tag, first)
 end
 """
 
-# Expired sessions give back the KV tokens they were counted for. One sorted
-# set of every live session by last use keeps this a single range read on
-# most decisions; the session hash names the worker and the tokens held.
+# A session counts in its worker's footprint (':kv', ':an') while it is used
+# within the live window; quiet sessions give their KV tokens back (':act'
+# indexes them by last use), and come back into the count on their next call
+# or report. Expired sessions are forgotten (':live' indexes them). Both
+# passes are a single range read on most decisions.
 _PURGE = r"""
-local function detach(tag, url, held)
-  if held ~= 0 then redis.call('HINCRBY', tag .. ':kv', url, -held) end
+local function detach(tag, url, held, active)
+  if active then
+    if held ~= 0 then redis.call('HINCRBY', tag .. ':kv', url, -held) end
+    redis.call('HINCRBY', tag .. ':an', url, -1)
+  end
   redis.call('HINCRBY', tag .. ':w:' .. url, 'sessions', -1)
 end
 
-local function purge(tag, cutoff)
-  local live = tag .. ':live'
+local function activate(tag, sk, member, url, held, active, now)
+  if not active then
+    if held ~= 0 then redis.call('HINCRBY', tag .. ':kv', url, held) end
+    redis.call('HINCRBY', tag .. ':an', url, 1)
+    redis.call('HSET', sk, 'active', '1')
+  end
+  redis.call('ZADD', tag .. ':act', tostring(now), member)
+end
+
+local function purge(tag, idle, cutoff)
+  local act, live = tag .. ':act', tag .. ':live'
+  -- removals first: at maxmemory Redis refuses a script's first write unless
+  -- it frees memory, and lets every later write of a script that has written
+  local quiet = redis.call('ZRANGEBYSCORE', act, '-inf', '(' .. tostring(idle), 'LIMIT', 0, 512)
+  for _, m in ipairs(quiet) do
+    local sk = tag .. ':s:' .. m
+    redis.call('ZREM', act, m)
+    local rec = redis.call('HMGET', sk, 'worker', 'held', 'active')
+    if rec[1] and rec[3] ~= '0' then
+      redis.call('HSET', sk, 'active', '0')
+      local held = tonumber(rec[2] or '0')
+      if held ~= 0 then redis.call('HINCRBY', tag .. ':kv', rec[1], -held) end
+      redis.call('HINCRBY', tag .. ':an', rec[1], -1)
+    end
+  end
   local stale = redis.call('ZRANGEBYSCORE', live, '-inf', '(' .. tostring(cutoff), 'LIMIT', 0, 512)
   for _, m in ipairs(stale) do
     local sk = tag .. ':s:' .. m
-    local rec = redis.call('HMGET', sk, 'worker', 'held')
-    -- deletes first: at maxmemory Redis refuses a script's first write unless
-    -- it frees memory, and lets every later write of a script that has written
+    local rec = redis.call('HMGET', sk, 'worker', 'held', 'active')
     redis.call('DEL', sk)
     redis.call('ZREM', live, m)
-    if rec[1] then detach(tag, rec[1], tonumber(rec[2] or '0')) end
+    redis.call('ZREM', act, m)
+    if rec[1] then detach(tag, rec[1], tonumber(rec[2] or '0'), rec[3] ~= '0') end
   end
 end
 """
@@ -65,59 +92,89 @@ local tag, member, tid, pool, tenant, sid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], 
 local now = tonumber(ARGV[7])
 local ttl = tonumber(ARGV[8])
 local window = tonumber(ARGV[9])
-local eps = tonumber(ARGV[10])
-local slack = tonumber(ARGV[11])
-local move_factor = tonumber(ARGV[12])
-local kv_weight = tonumber(ARGV[13])
-local est = tonumber(ARGV[14])
-local tmember = ARGV[15]
+local live_window = tonumber(ARGV[10])
+local move_factor = tonumber(ARGV[11])
+local slack = tonumber(ARGV[12])
+local est = tonumber(ARGV[13])
+local tmember = ARGV[14]
 local skey, tkey = KEYS[1], KEYS[2]
-local ikey, kvkey = tag .. ':inflight', tag .. ':kv'
+local ikey, kvkey, ankey = tag .. ':inflight', tag .. ':kv', tag .. ':an'
 local cutoff = now - ttl
 
-purge(tag, cutoff)  -- first: it frees memory even when Redis is at maxmemory
-apply_releases(tag, 17)
+purge(tag, now - live_window, cutoff)  -- first: it frees memory even when Redis is at maxmemory
+apply_releases(tag, 16)
 
--- ARGV[16]: the pool's workers, one "url state capacity" line each
+local rec = redis.call('HMGET', skey, 'worker', 'epoch', 'last_cached', 'prev_cached', 'last_seen', 'held', 'steps',
+  'active')
+local pin, held, steps = nil, 0, 0
+if rec[1] then
+  if tonumber(rec[5]) < cutoff then  -- expired, not yet purged (purge is bounded per call)
+    detach(tag, rec[1], tonumber(rec[6] or '0'), rec[8] ~= '0')
+    redis.call('DEL', skey)
+    redis.call('ZREM', tag .. ':live', member)
+    redis.call('ZREM', tag .. ':act', member)
+  else
+    pin = {worker = rec[1], epoch = tonumber(rec[2]), last = tonumber(rec[3]), prev = tonumber(rec[4])}
+    held, steps = tonumber(rec[6] or '0'), tonumber(rec[7] or '0')
+    -- its history is live again before the decision weighs it
+    activate(tag, skey, member, rec[1], held, rec[8] ~= '0', now)
+  end
+end
+
+-- ARGV[15]: the pool's workers, one "url state capacity" line each
 local urls, states, caps = {}, {}, {}
-for url, state, cap in string.gmatch(ARGV[16], '(%S+) (%S+) (%S+)\n') do
+for url, state, cap in string.gmatch(ARGV[15], '(%S+) (%S+) (%S+)\n') do
   local i = #urls + 1
   urls[i], states[i], caps[i] = url, state, tonumber(cap)
 end
 local n = #urls
-local loads = {}
+local infl, kvs, ans = {}, {}, {}
 if n > 0 then
   local inflight = redis.call('HMGET', ikey, unpack(urls))
   local kv = redis.call('HMGET', kvkey, unpack(urls))
+  local an = redis.call('HMGET', ankey, unpack(urls))
   for i = 1, n do
-    loads[i] = tonumber(inflight[i] or '0') + kv_weight * tonumber(kv[i] or '0') / math.max(caps[i], 1)
+    infl[i], kvs[i], ans[i] = tonumber(inflight[i] or '0'), tonumber(kv[i] or '0'), tonumber(an[i] or '0')
   end
 end
 
-local rec = redis.call('HMGET', skey, 'worker', 'epoch', 'last_cached', 'prev_cached', 'last_seen', 'held', 'steps')
-local pin, held, steps = nil, 0, 0
-if rec[1] then
-  if tonumber(rec[5]) < cutoff then  -- expired, not yet purged (purge is bounded per call)
-    detach(tag, rec[1], tonumber(rec[6] or '0'))
-    redis.call('DEL', skey)
-    redis.call('ZREM', tag .. ':live', member)
-  else
-    pin = {worker = rec[1], epoch = tonumber(rec[2]), last = tonumber(rec[3]), prev = tonumber(rec[4])}
-    held, steps = tonumber(rec[6] or '0'), tonumber(rec[7] or '0')
-  end
+local holders = {}
+if tid ~= '' then
+  for _, u in ipairs(redis.call('ZRANGEBYSCORE', tkey, tostring(now - window), '+inf')) do holders[u] = true end
 end
 
 local function score(url)
   return tonumber(string.sub(redis.sha1hex(sid .. '\n' .. url), 1, 12), 16)
 end
 
-local function least(idx)
+-- placement.expected_footprint
+local function expected(tokens)
+  local total, count = 0.0, 0
+  for i = 1, n do total = total + kvs[i]; count = count + ans[i] end
+  local mean = 0.0
+  if count > 0 then mean = total / count end
+  return math.max(tokens, mean)
+end
+
+-- placement.cost
+local function cost(i, g, mean_cap)
+  local miss = est
+  if holders[urls[i]] then miss = 0.0 end
+  local cap = math.max(caps[i], 1)
+  local pushed = math.max(0.0, kvs[i] + g - cap) - math.max(0.0, kvs[i] - cap)
+  return miss + pushed + kvs[i] * (mean_cap / cap) + g * infl[i]
+end
+
+local function cheapest(idx, g)
+  local total = 0.0
+  for _, i in ipairs(idx) do total = total + math.max(caps[i], 1) end
+  local mean_cap = total / #idx
   local best = idx[1]
-  local bl, bs = loads[best], score(urls[best])
+  local bc, bs = cost(best, g, mean_cap), score(urls[best])
   for j = 2, #idx do
     local i = idx[j]
-    local l, s = loads[i], score(urls[i])
-    if l < bl or (l == bl and s > bs) then best, bl, bs = i, l, s end
+    local c, s = cost(i, g, mean_cap), score(urls[i])
+    if c < bc or (c == bc and s > bs) then best, bc, bs = i, c, s end
   end
   return best
 end
@@ -129,12 +186,17 @@ if pin then
   if not cur then reason = 'removed'
   elseif states[cur] == 'down' then reason = 'unhealthy'
   elseif states[cur] == 'draining' then reason = 'draining'
-  else
-    local total, cnt = 0.0, 0
-    for i = 1, n do if states[i] == 'up' then total = total + loads[i]; cnt = cnt + 1 end end
-    local mean = 0.0
-    if cnt > 0 then mean = total / cnt end
-    if loads[cur] > move_factor * mean + slack and pin.last < pin.prev then reason = 'overloaded' end
+  elseif pin.last < pin.prev then  -- an intact prefix never moves for balance alone
+    if kvs[cur] > caps[cur] then
+      for i = 1, n do
+        if states[i] == 'up' and urls[i] ~= pin.worker and kvs[i] + held <= caps[i] then reason = 'evicted'; break end
+      end
+    end
+    if not reason then
+      local total, cnt = 0.0, 0
+      for i = 1, n do if states[i] == 'up' then total = total + infl[i]; cnt = cnt + 1 end end
+      if infl[cur] > move_factor * (total / cnt) + slack then reason = 'overloaded' end
+    end
   end
 end
 
@@ -144,29 +206,18 @@ if pin and not reason then
 else
   local cands = {}
   for i = 1, n do
-    if states[i] == 'up' and (not pin or urls[i] ~= pin.worker) then cands[#cands + 1] = i end
+    if states[i] == 'up' and (not pin or urls[i] ~= pin.worker) then
+      if reason ~= 'evicted' or kvs[i] + held <= caps[i] then cands[#cands + 1] = i end
+    end
   end
   if #cands == 0 then
     if pin then return {'', 'none', pin.epoch, ''} end
     return {'', 'none', 0, ''}
   end
-  local holders = {}
-  if tid ~= '' then
-    for _, u in ipairs(redis.call('ZRANGEBYSCORE', tkey, tostring(now - window), '+inf')) do holders[u] = true end
-  end
-  local total = 0.0
-  for _, i in ipairs(cands) do total = total + loads[i] end
-  local mean = total / #cands
-  local bound = (1.0 + eps) * mean + slack
-  local hold = {}
-  for _, i in ipairs(cands) do
-    if holders[urls[i]] and loads[i] <= bound then hold[#hold + 1] = i end
-  end
-  if #hold > 0 then
-    chosen, outcome = urls[least(hold)], 'placed_template'
-  else
-    chosen, outcome = urls[least(cands)], 'placed_least_load'
-  end
+  local g = expected(math.max(est, held))
+  local best = cheapest(cands, g)
+  chosen = urls[best]
+  if holders[chosen] then outcome = 'placed_template' else outcome = 'placed_least_load' end
   if pin then
     outcome, epoch, previous = 'moved:' .. reason, pin.epoch + 1, pin.worker
   end
@@ -176,15 +227,17 @@ local wk = tag .. ':w:' .. chosen
 if not pin then
   redis.call('HSET', skey, 'worker', chosen, 'template', tid, 'pool', pool, 'tenant', tenant,
     'created', tostring(now), 'prompt_tokens', 0, 'cached_tokens', 0, 'last_cached', 0, 'prev_cached', 0,
-    'epoch', epoch)
+    'epoch', epoch, 'active', '1')
   redis.call('HINCRBY', wk, 'sessions', 1)
+  redis.call('HINCRBY', ankey, chosen, 1)
   redis.call('SADD', tag .. ':workers', chosen)
 elseif previous ~= '' then
   -- The new worker re-prefills the whole history, so it holds as much as before.
-  detach(tag, previous, held)
+  detach(tag, previous, held, true)
   redis.call('HSET', skey, 'worker', chosen, 'epoch', epoch, 'last_cached', 0, 'prev_cached', 0)
   redis.call('HINCRBY', wk, 'sessions', 1)
   if held ~= 0 then redis.call('HINCRBY', kvkey, chosen, held) end
+  redis.call('HINCRBY', ankey, chosen, 1)
   redis.call('SADD', tag .. ':workers', chosen)
 end
 if est > held then
@@ -193,6 +246,7 @@ if est > held then
 end
 redis.call('HSET', skey, 'last_seen', tostring(now), 'steps', steps + 1, 'held', held)
 redis.call('ZADD', tag .. ':live', tostring(now), member)
+redis.call('ZADD', tag .. ':act', tostring(now), member)
 redis.call('HINCRBY', ikey, chosen, 1)
 if tid ~= '' then
   redis.call('ZADD', tkey, tostring(now), chosen)
@@ -206,7 +260,7 @@ return {chosen, outcome, epoch, previous}
 # KEYS: session, template zset, template stats. ARGV: tag, member, worker, epoch,
 # template id, template member, prompt tokens, cached tokens, now (ms), then
 # the release batch.
-REPORT = _APPLY_RELEASES + r"""
+REPORT = _APPLY_RELEASES + _PURGE + r"""
 local tag, member, worker = ARGV[1], ARGV[2], ARGV[3]
 local epoch = tonumber(ARGV[4])
 local tid, tmember = ARGV[5], ARGV[6]
@@ -215,8 +269,9 @@ apply_releases(tag, 10)
 local wk = tag .. ':w:' .. worker
 redis.call('HINCRBY', wk, 'prompt_tokens', p)
 redis.call('HINCRBY', wk, 'cached_tokens', c)
-local rec = redis.call('HMGET', KEYS[1], 'worker', 'epoch', 'last_cached', 'held')
+local rec = redis.call('HMGET', KEYS[1], 'worker', 'epoch', 'last_cached', 'held', 'active')
 if rec[1] == worker and tonumber(rec[2]) == epoch then
+  activate(tag, KEYS[1], member, worker, tonumber(rec[4] or '0'), rec[5] ~= '0', now)
   redis.call('HINCRBY', KEYS[1], 'prompt_tokens', p)
   redis.call('HINCRBY', KEYS[1], 'cached_tokens', c)
   redis.call('HSET', KEYS[1], 'prev_cached', rec[3], 'last_cached', c, 'last_seen', now, 'held', p)

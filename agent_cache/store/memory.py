@@ -25,11 +25,12 @@ from agent_cache.store.base import (
 
 
 class _Worker:
-    __slots__ = ("inflight", "kv_tokens", "sessions", "state", "capacity", "prompt", "cached")
+    __slots__ = ("inflight", "kv_tokens", "active", "sessions", "state", "capacity", "prompt", "cached")
 
     def __init__(self) -> None:
         self.inflight = 0
-        self.kv_tokens = 0  # estimated KV tokens of the sessions attached here
+        self.kv_tokens = 0  # footprint: tokens held by the live sessions attached here
+        self.active = 0  # live sessions attached here (used within the policy's live window)
         self.sessions = 0  # sessions attached here (until they expire or move)
         self.state = "up"
         self.capacity = 0
@@ -57,8 +58,10 @@ class MemoryStore:
         self._template_info: dict[tuple[str, str], dict[str, Any]] = {}
         self._workers: dict[str, _Worker] = {}
         self._outcomes: dict[str, int] = {}
-        # every live session -> last use (ms), oldest first: expiry pops from the front
+        # every pinned session -> last use (ms), oldest first: expiry pops from the front
         self._live: OrderedDict[tuple[str, str], int] = OrderedDict()
+        # the sessions counted in their worker's footprint, the same way
+        self._active: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._released: dict[tuple[str, str], int] = {}  # (source, worker) -> last total applied
 
     # --- helpers (caller holds the lock) -------------------------------------
@@ -69,8 +72,18 @@ class MemoryStore:
             w = self._workers[url] = _Worker()
         return w
 
-    def _purge(self, now_ms: int) -> None:
+    def _purge(self, now_ms: int, live_window: float) -> None:
         # O(expired), not O(sessions): entries are kept in last-use order
+        idle = now_ms - to_ms(live_window)
+        while self._active:
+            key, seen = next(iter(self._active.items()))
+            if seen >= idle:
+                break
+            rec = self._sessions.get(key)
+            if rec is not None:
+                self._deactivate(rec, key)
+            else:
+                del self._active[key]
         cutoff = now_ms - to_ms(self.session_ttl)
         while self._live:
             key, seen = next(iter(self._live.items()))
@@ -84,12 +97,36 @@ class MemoryStore:
     def _detach(self, rec: dict[str, Any]) -> None:
         """Drop a session from its worker's accounting."""
         w = self._worker(rec["worker"])
-        w.kv_tokens -= rec["held"]
+        if rec["active"]:
+            w.kv_tokens -= rec["held"]
+            w.active -= 1
+            rec["active"] = False
+            self._active.pop((rec["tenant"], rec["session"]), None)
         w.sessions -= 1
+
+    def _deactivate(self, rec: dict[str, Any], key: tuple[str, str]) -> None:
+        """The session went quiet: its KV is no longer counted as held (it may be done)."""
+        w = self._worker(rec["worker"])
+        w.kv_tokens -= rec["held"]
+        w.active -= 1
+        rec["active"] = False
+        del self._active[key]
+
+    def _activate(self, rec: dict[str, Any], now_ms: int) -> None:
+        key = (rec["tenant"], rec["session"])
+        if not rec["active"]:
+            w = self._worker(rec["worker"])
+            w.kv_tokens += rec["held"]
+            w.active += 1
+            rec["active"] = True
+        self._active[key] = now_ms
+        self._active.move_to_end(key)
 
     def _touch(self, key: tuple[str, str], now_ms: int) -> None:
         self._live[key] = now_ms
         self._live.move_to_end(key)
+        self._active[key] = now_ms
+        self._active.move_to_end(key)
 
     # --- sync face ------------------------------------------------------------
 
@@ -98,21 +135,24 @@ class MemoryStore:
         key = (query.tenant, query.session_id)
         with self._lock:
             self._release(releases)
-            self._purge(now_ms)
+            self._purge(now_ms, policy.live_window)
+            rec = self._sessions.get(key)
+            if rec is not None:
+                self._activate(rec, now_ms)  # its history is live again before the decision weighs it
             views = []
             for spec in query.workers:
                 w = self._worker(spec.url)
-                views.append(WorkerView(spec.url, spec.state, w.inflight, w.kv_tokens, spec.capacity))
-            rec = self._sessions.get(key)
+                views.append(WorkerView(spec.url, spec.state, w.inflight, w.kv_tokens, spec.capacity, w.active))
             pin = None
             if rec is not None:
-                pin = PinView(rec["worker"], rec["epoch"], rec["last_cached"], rec["prev_cached"])
+                pin = PinView(rec["worker"], rec["epoch"], rec["last_cached"], rec["prev_cached"], rec["held"])
             holders: frozenset[str] = frozenset()
             if query.template_id:
                 cutoff = now_ms - to_ms(self.template_window)
                 used = self._templates.get((query.tenant, query.template_id), {})
                 holders = frozenset(u for u, t in used.items() if t >= cutoff)
-            decision = choose_worker(Snapshot(tuple(views), pin, holders), query.session_id, policy)
+            snapshot = Snapshot(tuple(views), pin, holders, query.prompt_tokens_estimate)
+            decision = choose_worker(snapshot, query.session_id, policy)
             if decision.worker is None:
                 return RouteResult(None, decision.outcome, decision.epoch)
             previous = rec["worker"] if rec is not None and decision.outcome.startswith("moved:") else None
@@ -127,11 +167,12 @@ class MemoryStore:
         if rec is None:
             rec = self._sessions[key] = {
                 "worker": url, "template": query.template_id or "", "pool": query.pool,
-                "tenant": query.tenant, "created": now_ms, "last_seen": now_ms, "steps": 0,
-                "prompt_tokens": 0, "cached_tokens": 0, "last_cached": 0, "prev_cached": 0,
-                "epoch": epoch, "held": 0,
+                "tenant": query.tenant, "session": query.session_id, "created": now_ms, "last_seen": now_ms,
+                "steps": 0, "prompt_tokens": 0, "cached_tokens": 0, "last_cached": 0, "prev_cached": 0,
+                "epoch": epoch, "held": 0, "active": True,
             }  # fmt: skip
             w.sessions += 1
+            w.active += 1
         elif outcome.startswith("moved:"):
             self._detach(rec)
             rec["worker"] = url
@@ -140,7 +181,7 @@ class MemoryStore:
             rec["prev_cached"] = 0
             # The new worker re-prefills the whole history, so it holds as much as before.
             w.sessions += 1
-            w.kv_tokens += rec["held"]
+            self._activate(rec, now_ms)
         est = query.prompt_tokens_estimate
         if est > rec["held"]:
             w.kv_tokens += est - rec["held"]
@@ -197,6 +238,7 @@ class MemoryStore:
             w.cached += cached_tokens
             rec = self._sessions.get((tenant, session_id))
             if rec is not None and rec["worker"] == worker and rec["epoch"] == epoch:
+                self._activate(rec, now_ms)
                 rec["prompt_tokens"] += prompt_tokens
                 rec["cached_tokens"] += cached_tokens
                 rec["prev_cached"] = rec["last_cached"]
@@ -254,7 +296,7 @@ class MemoryStore:
             for url, w in self._workers.items():
                 workers[url] = {
                     "state": w.state, "capacity": w.capacity, "sessions": w.sessions,
-                    "inflight": w.inflight, "kv_tokens": w.kv_tokens,
+                    "inflight": w.inflight, "kv_tokens": w.kv_tokens, "live_sessions": w.active,
                     "prompt_tokens": w.prompt, "cached_tokens": w.cached,
                 }  # fmt: skip
             cutoff = now_ms - to_ms(self.template_window)

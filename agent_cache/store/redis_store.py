@@ -403,14 +403,14 @@ class RedisStore:
 
 _INT_FIELDS = (
     "created", "last_seen", "steps", "prompt_tokens", "cached_tokens", "last_cached", "prev_cached", "epoch",
-    "held",
+    "held", "active",
 )  # fmt: skip
 
 
 @lru_cache(maxsize=64)
 def _policy_args(policy: Policy) -> tuple[str, ...]:
     # repr of a float round-trips exactly, so Lua computes with the same values as Python
-    return tuple(repr(float(x)) for x in (policy.epsilon, policy.slack, policy.move_factor, policy.kv_weight))
+    return (str(to_ms(policy.live_window)), repr(float(policy.move_factor)), repr(float(policy.slack)))
 
 
 def _workers_arg(workers: tuple[WorkerSpec, ...]) -> str:
@@ -449,6 +449,7 @@ def _collect_stats(store: RedisStore, client: Any, now: float) -> dict[str, Any]
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(keys.inflight(p))
     pipe.hgetall(keys.kv_tokens(p))
+    pipe.hgetall(keys.live_sessions(p))
     for url in workers:
         pipe.hgetall(keys.worker(p, url))
     for tm in templates:
@@ -457,7 +458,7 @@ def _collect_stats(store: RedisStore, client: Any, now: float) -> dict[str, Any]
         pipe.zrangebyscore(keys.template(p, tenant, tid), window, "+inf")
         pipe.hgetall(keys.template_stats(p, tenant, tid))
     pipe.hgetall(keys.outcomes(p))
-    inflight, kv, *res = pipe.execute()
+    inflight, kv, live_sessions, *res = pipe.execute()
     out_workers: dict[str, Any] = {}
     for i, url in enumerate(workers):
         h = {k.decode(): v.decode() for k, v in res[i].items()}
@@ -465,7 +466,8 @@ def _collect_stats(store: RedisStore, client: Any, now: float) -> dict[str, Any]
         out_workers[url] = {
             "state": h.get("state", "up"), "capacity": int(h.get("capacity", 0)),
             "sessions": int(h.get("sessions", 0)), "inflight": int(inflight.get(key, 0)),
-            "kv_tokens": int(kv.get(key, 0)), "prompt_tokens": int(h.get("prompt_tokens", 0)),
+            "kv_tokens": int(kv.get(key, 0)), "live_sessions": int(live_sessions.get(key, 0)),
+            "prompt_tokens": int(h.get("prompt_tokens", 0)),
             "cached_tokens": int(h.get("cached_tokens", 0)),
         }  # fmt: skip
     base = len(workers)

@@ -11,25 +11,61 @@ from agent_cache.routing.placement import (
     Snapshot,
     WorkerView,
     choose_worker,
-    load,
+    cost,
+    expected_footprint,
 )
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
+CAP = 100_000
 
 
-def views(*loads: int, cap: int = 1000) -> tuple[WorkerView, ...]:
-    return tuple(WorkerView(u, inflight=n, capacity=cap) for u, n in zip((A, B, C), loads))
+def views(*footprints: int, inflight: tuple[int, ...] = (0, 0, 0), cap: int = CAP) -> tuple[WorkerView, ...]:
+    """Workers A, B, C with the given footprints (one live session per 1,000 tokens) and calls in flight."""
+    return tuple(WorkerView(u, inflight=n, kv_tokens=f, capacity=cap, live_sessions=f // 1000)
+                 for u, f, n in zip((A, B, C), footprints, inflight))
 
 
-def test_new_session_prefers_template_holder_within_bound():
-    d = choose_worker(Snapshot(views(3, 0, 0), None, frozenset({A})), "s1")
-    # mean 1, bound 1.25 * 1 + 2 = 3.25 >= 3
+def test_reuse_a_holder_whose_extra_footprint_is_below_the_template():
+    # A holds the 3,000-token template and 2,000 more tokens of live sessions than B and C: reuse pays
+    d = choose_worker(Snapshot(views(2_000, 0, 0), None, frozenset({A}), 3_000), "s1")
     assert (d.worker, d.outcome, d.epoch) == (A, "placed_template", 1)
 
 
-def test_overloaded_holder_loses_to_least_loaded():
-    d = choose_worker(Snapshot(views(9, 0, 1), None, frozenset({A})), "s1")
-    assert (d.worker, d.outcome) == (B, "placed_least_load")
+def test_spill_when_the_holder_holds_more_than_the_template_saves():
+    d = choose_worker(Snapshot(views(4_000, 0, 0), None, frozenset({A}), 3_000), "s1")
+    assert d.outcome == "placed_least_load" and d.worker in (B, C)
+
+
+def test_a_full_worker_is_avoided():
+    # B is past its capacity: one more session there pushes another session's tokens out
+    ws = views(0, 0, 0, cap=10_000)
+    ws = (ws[0], WorkerView(B, kv_tokens=10_000, capacity=10_000, live_sessions=2), ws[2])
+    s = Snapshot(ws, None, frozenset({B}), 3_000)
+    g = expected_footprint(ws, 3_000)
+    assert g == 5_000  # the mean live session holds more than the template
+    assert cost(ws[1], s, g, 10_000) == 0 + 5_000 + 10_000  # no miss, pushes 5,000 out, holds 10,000
+    assert cost(ws[0], s, g, 10_000) == 3_000
+    assert choose_worker(s, "s").worker in (A, C)
+
+
+def test_calls_in_flight_count_as_work():
+    d = choose_worker(Snapshot(views(0, 0, 0, inflight=(3, 0, 0)), None, frozenset({A}), 1_000), "s")
+    assert d.worker in (B, C)
+
+
+def test_a_trickle_of_one_agents_sessions_spreads():
+    # sessions of one agent arrive one at a time; each holds its 3,000-token template plus 2,000 of history
+    fp = {A: 0, B: 0, C: 0}
+    holders: set[str] = set()
+    used = []
+    for i in range(12):
+        ws = tuple(WorkerView(u, kv_tokens=f, capacity=CAP, live_sessions=f // 5_000) for u, f in fp.items())
+        d = choose_worker(Snapshot(ws, None, frozenset(holders), 3_000), f"s{i}")
+        assert d.worker is not None
+        fp[d.worker] += 5_000
+        holders.add(d.worker)
+        used.append(d.worker)
+    assert set(used) == {A, B, C} and max(fp.values()) - min(fp.values()) <= 5_000
 
 
 def test_ties_broken_by_rendezvous_hash():
@@ -39,15 +75,32 @@ def test_ties_broken_by_rendezvous_hash():
         assert d.worker == rendezvous_pick(sid, [A, B, C])
 
 
-def test_pin_kept_until_a_reason():
-    pin = PinView(A, epoch=3, last_cached=100, prev_cached=50)
-    assert choose_worker(Snapshot(views(50, 0, 0), pin), "s").outcome == "pinned"
-    # overloaded AND cache dropped -> move
-    dropped = PinView(A, epoch=3, last_cached=10, prev_cached=500)
-    d = choose_worker(Snapshot(views(50, 0, 0), dropped), "s")
+def test_an_intact_session_never_moves_for_balance():
+    pin = PinView(A, epoch=3, last_cached=100, prev_cached=50, held=2_000)
+    over = views(200_000, 0, 0, inflight=(50, 0, 0))
+    assert choose_worker(Snapshot(over, pin), "s").outcome == "pinned"
+
+
+def test_a_session_that_lost_its_prefix_on_a_full_worker_moves_where_it_fits():
+    lost = PinView(A, epoch=3, last_cached=10, prev_cached=500, held=8_000)
+    ws = (WorkerView(A, kv_tokens=12_000, capacity=10_000, live_sessions=3),
+          WorkerView(B, kv_tokens=5_000, capacity=10_000, live_sessions=1),
+          WorkerView(C, kv_tokens=1_000, capacity=10_000, live_sessions=1))
+    d = choose_worker(Snapshot(ws, lost), "s")
+    assert (d.worker, d.outcome, d.epoch) == (C, "moved:evicted", 4)  # B has no room for its 8,000 tokens
+    # nowhere it fits: it stays (another full worker would evict it again)
+    tight = (ws[0], ws[1], WorkerView(C, kv_tokens=5_000, capacity=10_000, live_sessions=1))
+    assert choose_worker(Snapshot(tight, lost), "s").outcome == "pinned"
+    # a worker within its capacity: the prefix loss was something else, the pin stays
+    roomy = (WorkerView(A, kv_tokens=9_000, capacity=10_000, live_sessions=3),) + ws[1:]
+    assert choose_worker(Snapshot(roomy, lost), "s").outcome == "pinned"
+
+
+def test_overloaded_in_calls_and_prefix_lost_moves():
+    lost = PinView(A, epoch=3, last_cached=10, prev_cached=500)
+    d = choose_worker(Snapshot(views(0, 0, 0, inflight=(50, 0, 0)), lost), "s")
     assert d.outcome == "moved:overloaded" and d.epoch == 4 and d.worker != A
-    # cache dropped but not overloaded -> stay
-    assert choose_worker(Snapshot(views(1, 0, 0), dropped), "s").outcome == "pinned"
+    assert choose_worker(Snapshot(views(0, 0, 0, inflight=(1, 0, 0)), lost), "s").outcome == "pinned"
 
 
 def test_move_reasons():
@@ -63,14 +116,6 @@ def test_move_reasons():
 def test_no_healthy_worker():
     ws = tuple(WorkerView(u, state=DOWN) for u in (A, B))
     assert choose_worker(Snapshot(ws), "s").worker is None
-
-
-def test_kv_tokens_count_in_load():
-    p = Policy()
-    assert load(WorkerView(A, inflight=1, kv_tokens=500, capacity=1000), p) == 1 + p.kv_weight * 0.5
-    # B is idle in calls but its KV pool is full: C wins
-    ws = (WorkerView(B, kv_tokens=1000, capacity=1000), WorkerView(C, inflight=1, capacity=1000))
-    assert choose_worker(Snapshot(ws), "s").worker == C
 
 
 def test_pool_fraction_is_deterministic_and_close():

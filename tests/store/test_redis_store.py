@@ -107,7 +107,8 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
     rng = random.Random(seed)
     urls = [f"http://w{i}:8000" for i in range(rng.randint(2, 5))]
     caps = {u: rng.choice([1000, 5000, 20000]) for u in urls}
-    policy = Policy(epsilon=rng.choice([0.1, 0.25, 0.5]), slack=rng.choice([0.0, 1.0, 2.0]))
+    policy = Policy(live_window=rng.choice([1.0, 5.0, 60.0]), move_factor=rng.choice([1.0, 2.0]),
+                    slack=rng.choice([0.0, 1.0, 2.0]))
     now = 1_000.0
     live: list[tuple[str, str, int, str]] = []
     ledger = PendingReleases()  # releases carried by the next route or report, as the router does
@@ -149,7 +150,7 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
             ledger.acknowledge(batch)
     ma, rb = memory.stats(now), rstore.stats(now)
     for url, w in ma["workers"].items():
-        for field in ("inflight", "kv_tokens", "sessions", "prompt_tokens", "cached_tokens"):
+        for field in ("inflight", "kv_tokens", "live_sessions", "sessions", "prompt_tokens", "cached_tokens"):
             assert w[field] == rb["workers"].get(url, {}).get(field, 0), (seed, url, field)
     assert ma["outcomes"] == rb["outcomes"]
     return compared
@@ -157,12 +158,46 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
 
 def test_lua_script_matches_python_rule(redis_server):
     total = 0
+    moves: dict[str, int] = {}
     for seed in range(40):
         memory = MemoryStore(session_ttl=60.0, template_window=30.0)
         rstore = RedisStore(redis_server.url, prefix=f"eq-{seed}-{random.random()}", session_ttl=60.0, template_window=30.0)
         total += _scenario(seed, memory, rstore)
+        for outcome, count in memory.stats(0)["outcomes"].items():
+            moves[outcome] = moves.get(outcome, 0) + count
         rstore.close()
     assert total > 2000
+    assert moves.get("placed_template", 0) > 0 and moves.get("moved:unhealthy", 0) > 0, moves
+
+
+def test_lua_and_python_move_a_session_that_lost_its_prefix_alike(redis_server, prefix):
+    """The rebalancing paths (evicted, overloaded) on a fixed script, through both stores."""
+    urls = ["http://x:1", "http://y:1", "http://z:1"]
+
+    def workers(cap_first: int) -> tuple[WorkerSpec, ...]:
+        return tuple(WorkerSpec(u, "up", cap_first if i == 0 else 20_000) for i, u in enumerate(urls))
+
+    results = []
+    for store in (MemoryStore(), RedisStore(redis_server.url, prefix=prefix)):
+        out = []
+        r = store.route(RouteQuery("default", "s1", "t1", "default", workers(20_000), 3_000), P, 0.0)
+        first = r.worker
+        ordered = [first] + [u for u in urls if u != first]  # the pinned worker first: capacities follow it
+        spec = lambda cap: tuple(WorkerSpec(u, "up", cap if u == first else 20_000) for u in ordered)  # noqa: E731
+        store.report("default", "s1", first, r.epoch, "t1", 9_000, 2_000, 1.0)
+        store.report("default", "s1", first, r.epoch, "t1", 9_500, 100, 2.0)  # the prefix was lost
+        # its worker is past a capacity of 5,000 and another has room: evicted
+        out.append(store.route(RouteQuery("default", "s1", "t1", "default", spec(5_000), 0), P, 3.0))
+        moved_to = out[-1].worker
+        store.report("default", "s1", moved_to, out[-1].epoch, "t1", 9_800, 5_000, 4.0)
+        store.report("default", "s1", moved_to, out[-1].epoch, "t1", 9_900, 50, 5.0)
+        for k in range(12):  # calls pile up in flight there: overloaded once past 2 x the mean + 2
+            out.append(store.route(RouteQuery("default", "s1", "t1", "default", spec(20_000), 0), P, 6.0 + k))
+        results.append((first, [(x.worker, x.outcome, x.epoch) for x in out]))
+        store.close()
+    assert results[0] == results[1]
+    outcomes = [o for _, o, _ in results[0][1]]
+    assert outcomes[0] == "moved:evicted" and "moved:overloaded" in outcomes, outcomes
 
 
 # --- many processes placing the same new sessions at once ------------------------
