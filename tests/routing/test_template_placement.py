@@ -107,3 +107,24 @@ def test_template_placement_reuses_and_spreads(monkeypatch: pytest.MonkeyPatch) 
         assert len(per_worker) == 4 and max(per_worker.values()) <= 2 * SESSIONS / 4, per_worker
         busy = sum(any(w.inflight for w in snapshot.workers) for snapshot, _ in placements)
         assert busy > 0, "no placement saw in-flight calls: the workload is not concurrent"
+
+
+def test_a_trickle_of_one_agents_sessions_uses_the_fleet() -> None:
+    """24 sessions of one agent, started one after another (3 steps each), on 4 workers."""
+    from langchain_core.messages import HumanMessage, SystemMessage
+
+    from agent_cache import ChatSGLang
+
+    with SimFleet(4, time_scale=0.0) as fleet:
+        llm = ChatSGLang(model="qwen", workers=fleet.urls)
+        try:
+            used: Counter[str] = Counter()
+            for i in range(24):
+                history = [SystemMessage(TEMPLATES["t_support"]), HumanMessage(f"case {i}")]
+                for _ in range(3):
+                    reply = llm.invoke(history, session_id=f"s{i}")
+                    history += [reply, HumanMessage("the tool says ok")]
+                used[reply.response_metadata["worker"]] += 1
+        finally:
+            llm.close()
+    assert len(used) >= 3 and max(used.values()) <= 12, used
