@@ -51,11 +51,11 @@ def run(args: argparse.Namespace, workers: int, log: Callable[[str], None]) -> d
         kinds.append(("trace", args.trace, args.sessions or TRACE_SESSIONS, args.rate or TRACE_RATE))
     out: dict[str, Any] = {}
     for kind, trace, n, rate in kinds:
-        preset = Preset(workers=workers, sessions=n, rate=rate, kind=kind if trace is None else "react")
+        preset = Preset(workers=workers, sessions=n, rate=rate)
         ns = argparse.Namespace(**{**vars(args), "trace": trace})
 
         def build(r: float) -> list:
-            return _workload(ns, preset, n, r, kind=None if trace else kind)
+            return _workload(ns, preset, n, r, kind=kind)  # kind is ignored for the trace
 
         sessions = build(rate)
         ws = working_set(sessions, base, args.seed)

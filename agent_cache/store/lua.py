@@ -41,7 +41,7 @@ end
 # indexes them by last use), and come back into the count on their next call
 # or report. Expired sessions are forgotten (':live' indexes them). Both
 # passes are a single range read on most decisions.
-_PURGE = r"""
+_FOOTPRINT = r"""
 local function detach(tag, url, held, active)
   if active then
     if held ~= 0 then redis.call('HINCRBY', tag .. ':kv', url, -held) end
@@ -58,7 +58,9 @@ local function activate(tag, sk, member, url, held, active, now)
   end
   redis.call('ZADD', tag .. ':act', tostring(now), member)
 end
+"""
 
+_PURGE = r"""
 local function purge(tag, idle, cutoff)
   local act, live = tag .. ':act', tag .. ':live'
   -- removals first: at maxmemory Redis refuses a script's first write unless
@@ -87,7 +89,7 @@ local function purge(tag, idle, cutoff)
 end
 """
 
-ROUTE = _APPLY_RELEASES + _PURGE + r"""
+ROUTE = _APPLY_RELEASES + _FOOTPRINT + _PURGE + r"""
 local tag, member, tid, pool, tenant, sid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local now = tonumber(ARGV[7])
 local ttl = tonumber(ARGV[8])
@@ -260,7 +262,7 @@ return {chosen, outcome, epoch, previous}
 # KEYS: session, template zset, template stats. ARGV: tag, member, worker, epoch,
 # template id, template member, prompt tokens, cached tokens, now (ms), then
 # the release batch.
-REPORT = _APPLY_RELEASES + _PURGE + r"""
+REPORT = _APPLY_RELEASES + _FOOTPRINT + r"""
 local tag, member, worker = ARGV[1], ARGV[2], ARGV[3]
 local epoch = tonumber(ARGV[4])
 local tid, tmember = ARGV[5], ARGV[6]

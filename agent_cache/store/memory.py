@@ -79,11 +79,7 @@ class MemoryStore:
             key, seen = next(iter(self._active.items()))
             if seen >= idle:
                 break
-            rec = self._sessions.get(key)
-            if rec is not None:
-                self._deactivate(rec, key)
-            else:
-                del self._active[key]
+            self._deactivate(self._sessions[key], key)  # expiry and moves take sessions out of _active
         cutoff = now_ms - to_ms(self.session_ttl)
         while self._live:
             key, seen = next(iter(self._live.items()))
@@ -169,10 +165,10 @@ class MemoryStore:
                 "worker": url, "template": query.template_id or "", "pool": query.pool,
                 "tenant": query.tenant, "session": query.session_id, "created": now_ms, "last_seen": now_ms,
                 "steps": 0, "prompt_tokens": 0, "cached_tokens": 0, "last_cached": 0, "prev_cached": 0,
-                "epoch": epoch, "held": 0, "active": True,
+                "epoch": epoch, "held": 0, "active": False,
             }  # fmt: skip
             w.sessions += 1
-            w.active += 1
+            self._activate(rec, now_ms)
         elif outcome.startswith("moved:"):
             self._detach(rec)
             rec["worker"] = url

@@ -7,7 +7,6 @@ from agent_cache.routing.placement import (
     DOWN,
     DRAINING,
     PinView,
-    Policy,
     Snapshot,
     WorkerView,
     choose_worker,
