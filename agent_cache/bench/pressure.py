@@ -3,10 +3,13 @@
 For each workload (generated ReAct, Reflexion and coding sessions; with
 ``--trace``, the trace as well) the fleet's KV capacity is set to a multiple
 of the workload's live working set (x1.0, x1.5, x3: measured on the oracle
-run, see :func:`agent_cache.bench.runner.working_set`), then the offered load
-is doubled at capacity x1.5, from a quarter of the workload's base rate,
-until least-load's p99 TTFT passes the SLO (at most five steps).
-Every figure comes from the virtual-clock fleet simulator.
+run, see :func:`agent_cache.bench.runner.working_set`). Then, at the capacity
+of x1.5 of the base load's working set (a fixed fleet), each policy's
+throughput at the SLO is searched: the offered load doubles from a quarter
+of the workload's base rate until the policy's p99 TTFT passes the SLO (at
+most six steps), then three geometric bisections between the last rate that
+met it and the first that did not narrow the bound to a factor of 2^(1/8)
+(9 %). Every figure comes from the virtual-clock fleet simulator.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from agent_cache.bench.policies import make_policies
 
 POLICIES = ("least-load", "consistent-hash", "agent-cache", "oracle")
 MULTIPLES = (1.0, 1.5, 3.0)
-MAX_LOAD_STEPS = 5
+MAX_DOUBLINGS = 6
+BISECTIONS = 3
 # workload -> (sessions, base rate in sessions/s); coding sessions are 10x longer and larger
 WORKLOADS = {"react": (300, 8.0), "reflexion": (200, 4.0), "coding": (100, 0.5)}
 TRACE_SESSIONS, TRACE_RATE = 100, 8.0
@@ -37,16 +41,49 @@ def _row(r: RunResult) -> dict[str, Any]:
     return {k: m[k] for k in keep}
 
 
-def run(args: argparse.Namespace, workers: int, log: Callable[[str], None]) -> dict[str, Any]:
-    """The pressure runs; returns results.json's content (``pressure`` holds the tables)."""
+def slo_search(run_at: Callable[[float], dict[str, Any]], start: float, slo: float,
+               doublings: int = MAX_DOUBLINGS, bisections: int = BISECTIONS) -> tuple[dict[float, dict], dict]:
+    """The highest offered load whose p99 TTFT meets ``slo``: double from ``start`` until it fails, then
+    bisect geometrically. Returns every run by rate, and ``rate`` (None: even ``start`` failed), its
+    ``sessions_per_s``, and ``bounded`` (False: it never failed, so the rate is a lower bound)."""
+    points: dict[float, dict[str, Any]] = {}
+
+    def meets(r: float) -> bool:
+        points[r] = run_at(r)
+        return bool(points[r]["ttft_p99_s"] <= slo)
+
+    lo: float | None = None
+    hi: float | None = None
+    r = start
+    for _ in range(doublings):
+        if not meets(r):
+            hi = r
+            break
+        lo, r = r, r * 2
+    if lo is not None and hi is not None:
+        for _ in range(bisections):
+            mid = math.sqrt(lo * hi)
+            if meets(mid):
+                lo = mid
+            else:
+                hi = mid
+    best = {"rate": lo, "sessions_per_s": points[lo]["throughput_sessions_per_s"] if lo is not None else 0.0,
+            "bounded": hi is not None}
+    return points, best
+
+
+def run(args: argparse.Namespace, workers: int, log: Callable[[str], None],
+        workloads: dict[str, tuple[int, float]] = WORKLOADS) -> dict[str, Any]:
+    """The pressure runs; returns results.json's content (``pressure`` holds the tables).
+
+    ``workloads``: generated workload kind -> (sessions, base rate in sessions/s).
+    """
     from agent_cache.bench.runner import Preset, _workload, working_set
 
     t0 = time.perf_counter()
     names = tuple(n.strip() for n in args.policies.split(",")) if args.policies else POLICIES
-    if "least-load" not in names:
-        names = ("least-load",) + names  # the load sweep stops on its p99
     base = FleetConfig(workers=workers, page_size=args.page_size, replicas=args.replicas)
-    kinds: list[tuple[str, str | None, int, float]] = [(k, None, n, r) for k, (n, r) in WORKLOADS.items()]
+    kinds: list[tuple[str, str | None, int, float]] = [(k, None, n, r) for k, (n, r) in workloads.items()]
     if args.trace:
         kinds.append(("trace", args.trace, args.sessions or TRACE_SESSIONS, args.rate or TRACE_RATE))
     out: dict[str, Any] = {}
@@ -61,7 +98,7 @@ def run(args: argparse.Namespace, workers: int, log: Callable[[str], None]) -> d
         ws = working_set(sessions, base, args.seed)
         log(f"{kind}: {len(sessions)} sessions at {rate:g}/s, working set {ws:,} tokens")
         entry: dict[str, Any] = {"sessions": len(sessions), "rate": rate, "working_set_tokens": ws,
-                                 "capacity": {}, "load": {}}
+                                 "capacity": {}, "load": {}, "throughput_at_slo": {}}
         for mult in MULTIPLES:
             cap = max(1, math.ceil(mult * ws / workers))
             cfg = dataclasses.replace(base, capacity_tokens=cap)
@@ -72,19 +109,18 @@ def run(args: argparse.Namespace, workers: int, log: Callable[[str], None]) -> d
                     f"{rows[pol.name]['token_hit_rate']:.1%}, p99 {rows[pol.name]['ttft_p99_s'] * 1000:.0f} ms")
             entry["capacity"][f"x{mult:g}"] = {"capacity_tokens_per_worker": cap, "policies": rows}
         cfg = dataclasses.replace(base, capacity_tokens=max(1, math.ceil(1.5 * ws / workers)))
-        r = rate / 4  # from a light load, doubling until least-load's p99 passes the SLO
-        for _ in range(MAX_LOAD_STEPS):
-            loaded = build(r)
-            rows = {}
-            for pol in make_policies(names, workers, base.replicas, args.seed, capacity=cfg.capacity_tokens,
-                                     redis_url=args.redis):
-                rows[pol.name] = _row(simulate(loaded, pol, cfg))
-            entry["load"][f"{r:g}"] = rows
-            p99 = rows["least-load"]["ttft_p99_s"]
-            log(f"{kind} rate {r:g}/s: least-load p99 {p99 * 1000:.0f} ms")
-            if p99 > args.slo_ttft_p99:
-                break
-            r *= 2
+        for name in names:
+
+            def run_at(r: float, name: str = name) -> dict[str, Any]:
+                (pol,) = make_policies((name,), workers, base.replicas, args.seed, capacity=cfg.capacity_tokens,
+                                       redis_url=args.redis)
+                row = _row(simulate(build(r), pol, cfg))
+                log(f"{kind} rate {r:.3g}/s {name}: p99 {row['ttft_p99_s'] * 1000:.0f} ms")
+                return row
+
+            points, best = slo_search(run_at, rate / 4, args.slo_ttft_p99)
+            entry["load"][name] = {f"{r:.4g}": row for r, row in sorted(points.items())}
+            entry["throughput_at_slo"][name] = best
         out[kind] = entry
     config = {"preset": "pressure", "engine": "sim", "workers": workers, "replicas": args.replicas,
               "multiples": list(MULTIPLES), "slo_ttft_p99_s": args.slo_ttft_p99, "seed": args.seed,
@@ -106,12 +142,14 @@ def markdown(doc: dict[str, Any]) -> str:
                 lines.append(f"| {mult} | {name} | {m['token_hit_rate']:.1%} | {m['ttft_p50_s'] * 1000:.1f} | "
                              f"{m['ttft_p99_s'] * 1000:.1f} | {m['load_imbalance']:.2f} | {m['evicted_tokens']:,} | "
                              f"{m['recomputed_tokens']:,} | {m['moves']} |")
-        lines += ["", "| rate (sessions/s) | policy | hit rate | p99 TTFT (ms) | sessions/s |",
-                  "| ---: | --- | ---: | ---: | ---: |"]
-        for rate, rows in entry["load"].items():
-            for name, m in rows.items():
-                lines.append(f"| {rate} | {name} | {m['token_hit_rate']:.1%} | {m['ttft_p99_s'] * 1000:.1f} | "
-                             f"{m['throughput_sessions_per_s']:.2f} |")
+        lines += ["", f"Throughput at the SLO (p99 TTFT <= {doc['config']['slo_ttft_p99_s']:g} s), capacity x1.5:", "",
+                  "| policy | offered sessions/s | completed sessions/s | runs (rate: p99 ms) |",
+                  "| --- | ---: | ---: | --- |"]
+        for name, best in entry["throughput_at_slo"].items():
+            rate = "none met it" if best["rate"] is None else (
+                f"{best['rate']:.3g}" + ("" if best["bounded"] else " (never failed: a lower bound)"))
+            runs = ", ".join(f"{r}: {m['ttft_p99_s'] * 1000:.0f}" for r, m in entry["load"][name].items())
+            lines.append(f"| {name} | {rate} | {best['sessions_per_s']:.3g} | {runs} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -133,13 +171,18 @@ def write_plots(out_dir: str, doc: dict[str, Any]) -> list[str]:
         fig, axes = plt.subplots(1, len(kinds), figsize=(4.5 * len(kinds), 4), squeeze=False)
         for ax, kind in zip(axes[0], kinds):
             entry = doc["pressure"][kind]
-            xs = list(entry[series])
-            rows = [entry[series][x]["policies"] if series == "capacity" else entry[series][x] for x in xs]
-            for name in rows[0]:
-                if series == "capacity":
-                    ax.plot([float(x[1:]) for x in xs], [r[name]["token_hit_rate"] for r in rows], marker="o", label=name)
-                else:
-                    ax.plot([float(x) for x in xs], [r[name]["ttft_p99_s"] * 1000 for r in rows], marker="o", label=name)
+            if series == "capacity":
+                xs = list(entry["capacity"])
+                rows = [entry["capacity"][x]["policies"] for x in xs]
+                for name in rows[0]:
+                    ax.plot([float(x[1:]) for x in xs], [r[name]["token_hit_rate"] for r in rows], marker="o",
+                            label=name)
+            else:
+                for name, points in entry["load"].items():
+                    ax.plot([float(x) for x in points], [m["ttft_p99_s"] * 1000 for m in points.values()],
+                            marker="o", label=name)
+                ax.axhline(doc["config"]["slo_ttft_p99_s"] * 1000, color="grey", linestyle="--", linewidth=1)
+                ax.set_yscale("log")
             ax.set_title(kind)
             ax.set_xlabel("capacity (x working set)" if series == "capacity" else "sessions/s")
             ax.set_ylabel("token hit rate" if series == "capacity" else "p99 TTFT (ms)")

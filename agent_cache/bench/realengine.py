@@ -40,7 +40,7 @@ from agent_cache.bench.realfleet import (
     SMG_TUNING,
     Processes,
     SimWorkers,
-    SmgGateway,
+    SmgGateways,
     smg_version,
     start_redis,
 )
@@ -90,6 +90,10 @@ def check(args: argparse.Namespace) -> None:
     if isinstance(args.capacity_tokens, float):
         raise ConfigError("--capacity-tokens", "a working-set multiple (xM) applies only to the sim engine; "
                           "give tokens per worker")
+    if args.gateways < 1:
+        raise ConfigError("--gateways", f"must be >= 1, got {args.gateways}")
+    if args.gateways > 16:
+        raise ConfigError("--gateways", f"at most 16 smg gateways, got {args.gateways}")
     if args.time_scale is not None and args.time_scale < 0:
         raise ConfigError("--time-scale", f"must be >= 0, got {args.time_scale}")
     if args.workers is not None and args.workers > 64:
@@ -223,6 +227,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     capacity = args.capacity_tokens or preset.capacity_tokens
     time_scale = preset.time_scale if args.time_scale is None else args.time_scale
     k = args.replicas
+    gateways = args.gateways
     t_begin = time.perf_counter()
     sessions = _workload(args, preset)
     kind = "trace" if args.trace else (args.workload or preset.kind)
@@ -230,7 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"built in {time.perf_counter() - t_begin:.1f} s")
     config: dict[str, Any] = {
         "preset": args.preset, "engine": "real", "workload": kind, "trace": args.trace, "workers": n_workers,
-        "replicas": k, "sessions": len(sessions), "rate_sessions_per_s": args.rate or preset.rate,
+        "replicas": k, "smg_gateways": gateways, "smg_mesh": gateways > 1, "sessions": len(sessions), "rate_sessions_per_s": args.rate or preset.rate,
         "arrivals": args.arrivals, "capacity_tokens_per_worker": capacity, "page_size": args.page_size,
         "seed": args.seed, "time_scale": time_scale, "model": DEFAULT_LATENCY.model.name,
         "gpu": DEFAULT_LATENCY.gpu.name,
@@ -255,12 +260,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name in names:
             t_policy = time.perf_counter()
             workers.flush()
-            gateway = (SmgGateway(procs, smg, SMG_POLICIES[name], workers.urls, SMG_TUNING.get(name, ()))
-                       if name in SMG_POLICIES else None)
+            gateway = (SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls, SMG_TUNING.get(name, ()),
+                                   count=gateways) if name in SMG_POLICIES else None)
             try:
                 t0 = time.monotonic() + 0.3
                 jobs = [Job(name, sessions[r::k], workers.urls, t0, replica=r, seed=args.seed,
-                            gateway=gateway.url if gateway else None, redis_url=redis_url,
+                            gateways=gateway.urls if gateway else (), redis_url=redis_url,
                             redis_prefix=f"{run_prefix}-{name}", capacity_tokens=capacity) for r in range(k)]
 
                 def progress(done: int, name: str = name) -> None:

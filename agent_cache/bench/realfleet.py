@@ -10,8 +10,8 @@ a ``finally``, so nothing is left running after a failure.
   :mod:`agent_cache.sim.latency`, not SGLang; ``flush()`` empties every
   cache between policies, ``kv_tokens()`` reads what the caches hold.
 * :func:`start_redis`: a private ``redis-server`` (no persistence).
-* :class:`SmgGateway`: the real smg binary with one routing policy, in front
-  of the same workers. Flags and headers are the ones ``smg launch --help``
+* :class:`SmgGateways`: the real smg binary with one routing policy, in front
+  of the same workers; several gateways join smg's mesh. Flags and headers are the ones ``smg launch --help``
   and smg's documentation give (docs/benchmarks.md lists them).
 """
 
@@ -241,37 +241,61 @@ def smg_version(binary: str) -> str:
 
 
 def smg_argv(binary: str, policy: str, worker_urls: Sequence[str], port: int, metrics_port: int,
-             tuning: Sequence[str] = ()) -> list[str]:
+             tuning: Sequence[str] = (), mesh: Sequence[str] = ()) -> list[str]:
     """``smg launch`` command line for one policy; everything not in ``tuning`` is smg's default."""
     argv = [binary, "launch", "--worker-urls", *worker_urls, "--policy", policy, "--host", "127.0.0.1",
             "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-            "--log-level", "warn", *tuning]
+            "--log-level", "warn", *tuning, *mesh]
     if policy == "consistent_hashing":
         argv += ["--routing-key-headers", ROUTING_KEY_HEADER]
     return argv
 
 
-class SmgGateway:
-    """The smg gateway with one policy in front of the workers; ready when every worker is healthy in it."""
+def mesh_argv(index: int, mesh_ports: Sequence[int]) -> list[str]:
+    """smg's HA mesh flags for gateway ``index`` of a group: its own listener, every other one as a peer.
+
+    The mesh gossips the worker registry and the cache-aware radix trees
+    between gateways (smg docs: configuration/high-availability).
+    """
+    peers = [f"127.0.0.1:{p}" for i, p in enumerate(mesh_ports) if i != index]
+    argv = ["--enable-mesh", "--mesh-server-name", f"gateway-{index}", "--mesh-host", "127.0.0.1",
+            "--mesh-port", str(mesh_ports[index])]
+    return argv + (["--mesh-peer-urls", *peers] if peers else [])
+
+
+class SmgGateways:
+    """``count`` smg gateways with one policy in front of the workers, joined in smg's mesh when
+    there are several (what a gateway Deployment behind a Kubernetes Service runs); ready when
+    every worker is healthy in every gateway."""
 
     def __init__(self, procs: Processes, binary: str, policy: str, worker_urls: Sequence[str],
-                 tuning: Sequence[str] = ()) -> None:
+                 tuning: Sequence[str] = (), count: int = 1) -> None:
         self._procs = procs
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = procs.start(f"smg-{policy}", smg_argv(binary, policy, worker_urls, port, free_port(), tuning))
+        ports = [free_port() for _ in range(count)]
+        mesh_ports = [free_port() for _ in range(count)] if count > 1 else []
+        metrics_ports = [free_port() for _ in range(count)]
+        self.urls = [f"http://127.0.0.1:{port}" for port in ports]
+        self.metrics_urls = [f"http://127.0.0.1:{port}/metrics" for port in metrics_ports]
+        self.procs: list[Proc] = []
         want = sorted(u.rstrip("/") for u in worker_urls)
-
-        def ready() -> bool:
-            workers = httpx.get(self.url + "/workers", timeout=2.0).json()["workers"]
-            return sorted(w["url"].rstrip("/") for w in workers) == want and all(w["is_healthy"] for w in workers)
-
         try:
-            wait_until(ready, [self.proc], f"smg --policy {policy}", timeout=60.0)
+            for i, port in enumerate(ports):
+                mesh = mesh_argv(i, mesh_ports) if mesh_ports else []
+                self.procs.append(procs.start(f"smg-{policy}-{i}", smg_argv(binary, policy, worker_urls, port,
+                                                                         metrics_ports[i], tuning, mesh)))
+            for url, proc in zip(self.urls, self.procs):
+
+                def ready(url: str = url) -> bool:
+                    workers = httpx.get(url + "/workers", timeout=2.0).json()["workers"]
+                    return (sorted(w["url"].rstrip("/") for w in workers) == want
+                            and all(w["is_healthy"] for w in workers))
+
+                wait_until(ready, [proc], f"smg --policy {policy} ({proc.name})", timeout=60.0)
         except BaseException:
-            procs.stop(self.proc)
+            self.stop()
             raise
 
     def stop(self) -> None:
         # smg drains for about 5 s on SIGTERM; nothing is in flight here, so it gets 1 s
-        self._procs.stop(self.proc, grace=1.0)
+        for proc in self.procs:
+            self._procs.stop(proc, grace=1.0)

@@ -20,7 +20,8 @@ How a call finds its worker:
   without LangChain: ``Templater("templatize")`` / ``Templater("off")`` per
   tenant, then ``Router.aexecute`` over the shared Redis store (failover
   included) and ``Router.areport`` with the reported usage;
-* ``smg-*``: the smg gateway picks; the worker is read from smg's
+* ``smg-*``: the smg gateway picks (with ``--gateways K``, the call goes to
+  the K gateways in turn, joined in smg's mesh); the worker is read from smg's
   ``x-smg-routed-worker-id`` response header. ``smg-consistent_hashing``
   sends the session id in ``x-smg-routing-key``.
 
@@ -67,7 +68,7 @@ class Job:
     t0: float  # time.monotonic() of the run's time zero (system-wide clock: shared by every replica)
     replica: int = 0
     seed: int = 0
-    gateway: str | None = None  # smg-* policies
+    gateways: Sequence[str] = ()  # smg-* policies: one or more gateways of one policy
     redis_url: str | None = None  # agent-cache policies
     redis_prefix: str = "agent-cache-bench"
     capacity_tokens: int = 200_000
@@ -95,7 +96,7 @@ class _Reply:
     output_tokens: int
 
 
-class _Client:
+class ChatClient:
     """Streams one chat completion and measures it."""
 
     def __init__(self, timeout: float) -> None:
@@ -151,7 +152,7 @@ class _Client:
 class _ClientSide:
     """Client-side routing with a policy of :mod:`agent_cache.bench.policies` (this replica's own state)."""
 
-    def __init__(self, job: Job, client: _Client) -> None:
+    def __init__(self, job: Job, client: ChatClient) -> None:
         from agent_cache.bench.policies import POLICIES
 
         self.workers = list(job.workers)
@@ -189,7 +190,7 @@ class _ClientSide:
 class _AgentCache:
     """The real Templater and Router over the shared Redis store."""
 
-    def __init__(self, job: Job, client: _Client) -> None:
+    def __init__(self, job: Job, client: ChatClient) -> None:
         from agent_cache.routing import Router
 
         self.mode = AGENT_CACHE_POLICIES[job.policy]
@@ -231,19 +232,23 @@ class _AgentCache:
 
 
 class _Gateway:
-    """Every call to the smg gateway; smg picks the worker."""
+    """Every call to an smg gateway, round-robin per call over the gateways (as a Service in front
+    of a gateway Deployment spreads requests); smg picks the worker."""
 
-    def __init__(self, job: Job, client: _Client) -> None:
-        assert job.gateway is not None
-        self.url = job.gateway
+    def __init__(self, job: Job, client: ChatClient) -> None:
+        assert job.gateways, "an smg policy needs at least one gateway"
+        self.urls = list(job.gateways)
+        self.next = job.replica  # replicas start on different gateways
         self.keyed = SMG_POLICIES[job.policy] == "consistent_hashing"
         self.client = client
 
     async def call(self, session: SessionSpec, call: CallSpec) -> _Reply:
         chat = call.chat
         assert chat is not None
+        url = self.urls[self.next % len(self.urls)]
+        self.next += 1
         headers = {ROUTING_KEY_HEADER: session.session_id} if self.keyed else None
-        return await self.client.send(self.url, chat.messages, chat.tools, chat, headers=headers)
+        return await self.client.send(url, chat.messages, chat.tools, chat, headers=headers)
 
     def session_done(self, session_id: str) -> None:
         pass
@@ -252,7 +257,8 @@ class _Gateway:
         pass
 
 
-def _router(job: Job, client: _Client) -> _ClientSide | _AgentCache | _Gateway:
+def call_path(job: Job, client: ChatClient) -> _ClientSide | _AgentCache | _Gateway:
+    """How a call of ``job.policy`` reaches its worker (see the module docstring)."""
     if job.policy in CLIENT_POLICIES:
         return _ClientSide(job, client)
     if job.policy in AGENT_CACHE_POLICIES:
@@ -264,8 +270,8 @@ def _router(job: Job, client: _Client) -> _ClientSide | _AgentCache | _Gateway:
 
 async def run_job(job: Job, on_session_done: Callable[[], None] | None = None) -> ReplicaResult:
     """Drive ``job.sessions`` closed-loop against the fleet; returns every call's measurements."""
-    client = _Client(job.timeout_s)
-    router = _router(job, client)
+    client = ChatClient(job.timeout_s)
+    router = call_path(job, client)
     result = ReplicaResult()
 
     async def session(spec: SessionSpec) -> None:

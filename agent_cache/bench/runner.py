@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis", metavar="URL", help="Redis for agent-cache's metadata (sim engine: the routers run "
                    "the real Lua scripts on it, default: the in-process store; real engine, default: a private "
                    "redis-server); the run's keys are deleted at the end")
+    p.add_argument("--gateways", type=int, default=1, metavar="K",
+                   help="real engine: smg gateways per smg policy, joined in smg's mesh, each call sent to the next "
+                        "one in turn (default 1)")
     p.add_argument("--time-scale", type=float, metavar="S",
                    help="real engine: the simulated workers' latency model x S (1 = real time, 0 = instant; "
                         "default: the preset's)")
@@ -140,6 +143,8 @@ def _check(args: argparse.Namespace) -> None:
         return
     if args.time_scale is not None:
         raise ConfigError("--time-scale", "applies only to --engine real")
+    if args.gateways != 1:
+        raise ConfigError("--gateways", "applies only to --engine real (smg runs as real processes)")
     if args.redis is not None:
         from agent_cache.bench.realengine import check_redis
 

@@ -1,7 +1,7 @@
 """``agent-cache bench --engine real``: a tiny run with real processes.
 
 Two simulated worker processes, a private redis-server, two load replica
-processes and (when installed) the real smg gateway. Nothing is mocked: the
+processes and (when installed) two real smg gateways joined in smg's mesh. Nothing is mocked: the
 hit rates are the workers' reported cached tokens.
 """
 
@@ -12,12 +12,21 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import SMG_POLICIES, SMG_TUNING, Processes, SimWorkers, smg_argv
+from agent_cache.bench.realfleet import (
+    SMG_POLICIES,
+    SMG_TUNING,
+    Processes,
+    SimWorkers,
+    SmgGateways,
+    mesh_argv,
+    smg_argv,
+)
 from agent_cache.bench.runner import main_bench
 
 SMG = shutil.which("smg")
@@ -60,7 +69,7 @@ def tiny(tmp_path_factory) -> tuple[Path, dict, set[int], set[int]]:
     before = _live_descendants(os.getpid())
     rc = main_bench(["--engine", "real", "--workers", "2", "--replicas", "2", "--sessions", str(SESSIONS),
                      "--rate", "20", "--time-scale", "0.05", "--policies", ",".join(POLICIES), "--out", str(out),
-                     "--quiet"])
+                     "--gateways", "2", "--quiet"])
     assert rc == 0
     after = _live_descendants(os.getpid())
     return out, json.loads((out / "results.json").read_text()), before, after
@@ -90,7 +99,7 @@ def test_agent_cache_hits_more_and_sessions_stay_on_one_worker(tiny) -> None:
     for name in sticky:
         assert pol[name]["sessions_on_one_worker"] == 1.0, name
         assert pol[name]["moves"] == 0, name
-    if SMG:  # smg named the workers it used: the fleet's own URLs
+    if SMG:  # smg named the workers it used: the fleet's own URLs; both gateways hash a session alike
         assert len(pol["smg-consistent_hashing"]["calls_per_worker"]) == 2
 
 
@@ -98,6 +107,7 @@ def test_results_files_and_config(tiny) -> None:
     out, doc, _, _ = tiny
     cfg = doc["config"]
     assert cfg["engine"] == "real" and cfg["workers"] == 2 and cfg["replicas"] == 2 and cfg["time_scale"] == 0.05
+    assert cfg["smg_gateways"] == 2 and cfg["smg_mesh"] is True
     if SMG is None:
         assert cfg["smg_version"] is None
     else:  # what the installed binary says of itself, e.g. "1.13.0"
@@ -146,6 +156,37 @@ def test_smg_flags_are_the_documented_ones() -> None:
     assert "--cache-threshold" not in smg_argv("smg", "cache_aware", ["http://127.0.0.1:1"], 2, 3)
 
 
+def test_mesh_flags_name_every_other_gateway_as_a_peer() -> None:
+    assert mesh_argv(0, [7001]) == ["--enable-mesh", "--mesh-server-name", "gateway-0", "--mesh-host", "127.0.0.1",
+                                    "--mesh-port", "7001"]
+    argv = mesh_argv(1, [7001, 7002, 7003])
+    assert argv[argv.index("--mesh-port") + 1] == "7002"
+    assert argv[argv.index("--mesh-peer-urls") + 1:] == ["127.0.0.1:7001", "127.0.0.1:7003"]
+
+
+@pytest.mark.smg
+@pytest.mark.skipif(SMG is None, reason="needs the smg binary")
+def test_gateways_join_one_mesh_and_serve_calls() -> None:
+    with Processes() as procs:
+        workers = SimWorkers(procs, 2, time_scale=0, capacity_tokens=10_000)
+        gateways = SmgGateways(procs, SMG, "cache_aware", workers.urls, count=2)
+        try:
+            for url in gateways.urls:
+                reply = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+                    "model": "sim-llama-3.1-8b", "max_tokens": 3,
+                    "messages": [{"role": "user", "content": "hello through " + url}]})
+                assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
+            # each gateway syncs with the other one: smg's mesh reports a sync round per peer
+            for own, peer in ((0, "gateway-1"), (1, "gateway-0")):
+                deadline = time.monotonic() + 20
+                while f'peer="{peer}"' not in httpx.get(gateways.metrics_urls[own], timeout=5).text:
+                    assert time.monotonic() < deadline, f"gateway-{own} never synced with {peer}"
+                    time.sleep(0.5)
+        finally:
+            gateways.stop()
+            workers.close()
+
+
 @pytest.mark.parametrize("argv, flag, words", [
     (["--policies", "round-robin,oracle"], "--policies", "only in the sim engine"),
     (["--policies", "round-robin,psychic"], "--policies", "unknown psychic"),
@@ -153,6 +194,7 @@ def test_smg_flags_are_the_documented_ones() -> None:
     (["--redis", "127.0.0.1:6379"], "--redis", "not a Redis URL"),
     (["--redis", "redis://127.0.0.1:1/0"], "--redis", "cannot reach"),
     (["--workers", "0"], "--workers", "must be positive"),
+    (["--gateways", "0"], "--gateways", "must be >= 1"),
 ])
 def test_bad_real_engine_flags_exit_2_naming_the_flag(argv, flag, words, tmp_path, capsys) -> None:
     before = _live_descendants(os.getpid())
@@ -164,7 +206,7 @@ def test_bad_real_engine_flags_exit_2_naming_the_flag(argv, flag, words, tmp_pat
 
 
 @pytest.mark.parametrize("flag, value", [("--time-scale", "1"), ("--redis", "http://127.0.0.1:6379/0"),
-                                         ("--capacity-tokens", "x0")])
+                                         ("--capacity-tokens", "x0"), ("--gateways", "2")])
 def test_bad_or_real_only_flags_rejected_by_the_sim_engine(flag, value, tmp_path, capsys) -> None:
     assert main_bench([flag, value, "--out", str(tmp_path), "--quiet"]) == 2
     assert flag.lstrip("-") in capsys.readouterr().err

@@ -1,0 +1,188 @@
+"""Routing overhead side by side: the latency a router adds to one call.
+
+One simulated worker with an instant latency model (``--time-scale 0``), so a
+call costs only HTTP, the worker's tokenizer and radix cache, and the routing
+path in front of it. The same ReAct calls go, one at a time, through:
+
+* ``direct``: the client straight to the worker (the baseline);
+* ``agent-cache (memory)``: the product's client path in process (Templater,
+  ``Router.aexecute`` and ``Router.areport``) over the in-process store;
+* ``agent-cache (Redis)``: the same over the Redis store (its Lua scripts, one
+  round trip per decision plus the usage report);
+* ``smg-cache_aware``, ``smg-consistent_hashing``: the real smg gateway, an
+  HTTP hop in front of the same worker.
+
+The paths take turns call by call (in rotating order), so machine noise falls
+on all of them alike. Added latency = a path's percentile minus the direct
+path's percentile, for the whole streamed call and for TTFT.
+
+    python -m agent_cache.bench.overhead --calls 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import shutil
+import sys
+import time
+import uuid
+from contextlib import ExitStack
+from typing import Any, Callable, Sequence
+
+from agent_cache.bench.percentile import percentile
+from agent_cache.bench.realfleet import SMG_POLICIES, Processes, SimWorkers, SmgGateways, start_redis
+from agent_cache.bench.realload import ChatClient, Job, call_path
+from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate
+from agent_cache.errors import AgentCacheError, ConfigError
+
+DIRECT = "direct"
+SMG_PATHS = ("smg-cache_aware", "smg-consistent_hashing")
+WARMUP_CALLS = 10
+
+
+class _Direct:
+    """The client straight to the worker: no routing at all."""
+
+    def __init__(self, worker: str, client: ChatClient) -> None:
+        self.worker = worker
+        self.client = client
+
+    async def call(self, session: SessionSpec, call: Any) -> Any:
+        chat = call.chat
+        return await self.client.send(self.worker, chat.messages, chat.tools, chat)
+
+    def session_done(self, session_id: str) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _summary(latencies: Sequence[float], ttfts: Sequence[float]) -> dict[str, float]:
+    return {"calls": len(latencies),
+            "latency_p50_s": percentile(latencies, 0.50), "latency_p99_s": percentile(latencies, 0.99),
+            "ttft_p50_s": percentile(ttfts, 0.50), "ttft_p99_s": percentile(ttfts, 0.99)}
+
+
+async def measure(paths: dict[str, Any], sessions: Sequence[SessionSpec], calls: int,
+                  log: Callable[[str], None], warmup: int = WARMUP_CALLS) -> dict[str, dict[str, float]]:
+    """Send the sessions' calls through every path in turn until ``calls`` per path (after ``warmup``
+    unrecorded ones: connections, scripts, tokenizer); per-path summaries."""
+    names = list(paths)
+    lat: dict[str, list[float]] = {n: [] for n in names}
+    ttft: dict[str, list[float]] = {n: [] for n in names}
+    turn = 0
+    for spec in sessions:
+        own = {n: dataclasses.replace(spec, session_id=f"{n}-{spec.session_id}") for n in names}
+        for call in spec.start(chat=True):
+            if turn >= calls + warmup:
+                break
+            order = names[turn % len(names):] + names[:turn % len(names)]
+            for name in order:
+                t0 = time.monotonic()
+                reply = await paths[name].call(own[name], call)
+                end = time.monotonic()
+                if turn >= warmup:
+                    lat[name].append(end - t0)
+                    ttft[name].append(reply.t_first - t0)
+            turn += 1
+            if (turn - warmup) % 100 == 0 and turn > warmup:
+                log(f"{turn - warmup}/{calls} calls per path")
+        for name in names:
+            paths[name].session_done(own[name].session_id)
+        if turn >= calls + warmup:
+            break
+    out = {n: _summary(lat[n], ttft[n]) for n in names}
+    base = out[DIRECT]
+    for row in out.values():
+        for key in ("latency_p50_s", "latency_p99_s", "ttft_p50_s", "ttft_p99_s"):
+            row["added_" + key] = row[key] - base[key]
+    return out
+
+
+def table(results: dict[str, dict[str, float]]) -> str:
+    """Markdown: per path, TTFT and whole-call percentiles and what each adds over the direct path, in ms."""
+    lines = ["| path | TTFT p50 | TTFT p99 | call p50 | call p99 | added TTFT p50 | added TTFT p99 "
+             "| added call p50 | added call p99 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        ms = {k: v * 1000 for k, v in r.items() if k.endswith("_s")}
+        keys = ("ttft_p50_s", "ttft_p99_s", "latency_p50_s", "latency_p99_s")
+        added = ["-"] * 4 if name == DIRECT else [f"{ms['added_' + k]:+.2f}" for k in keys]
+        lines.append(f"| {name} | " + " | ".join(f"{ms[k]:.2f}" for k in keys) + " | " + " | ".join(added) + " |")
+    return "\n".join(lines)
+
+
+async def _run(worker: str, redis_url: str, gateways: dict[str, str], calls: int, seed: int,
+               log: Callable[[str], None]) -> dict[str, dict[str, float]]:
+    client = ChatClient(timeout=60.0)
+    prefix = f"agent-cache-overhead-{uuid.uuid4().hex[:8]}"
+    paths: dict[str, Any] = {DIRECT: _Direct(worker, client)}
+    paths["agent-cache (memory)"] = call_path(Job("agent-cache", (), [worker], 0.0, seed=seed), client)
+    paths["agent-cache (Redis)"] = call_path(Job("agent-cache", (), [worker], 0.0, seed=seed, redis_url=redis_url,
+                                                 redis_prefix=prefix), client)
+    for name, url in gateways.items():
+        paths[name] = call_path(Job(name, (), [worker], 0.0, seed=seed, gateways=(url,)), client)
+    sessions = generate(WorkloadParams(kind="react", sessions=max(8, (calls + WARMUP_CALLS) // 3), rate=1.0, seed=seed))
+    try:
+        return await measure(paths, sessions, calls, log)
+    finally:
+        for path in paths.values():
+            await path.aclose()
+        await client.aclose()
+        from agent_cache.store.redis_store import delete_deployment
+
+        delete_deployment(redis_url, prefix)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agent_cache.bench.overhead", description=__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=400, help="calls per path (default 400)")
+    p.add_argument("--redis", metavar="URL", help="Redis for the agent-cache (Redis) path (default: a private "
+                   "redis-server); the run's keys are deleted at the end")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = p.parse_args(argv)
+    log: Callable[[str], None] = (lambda m: None) if args.quiet else (
+        lambda m: print(f"[overhead] {m}", file=sys.stderr, flush=True))
+    try:
+        if args.calls < 10:
+            raise ConfigError("--calls", f"at least 10 calls per path, got {args.calls}")
+        if args.redis is not None:
+            from agent_cache.bench.realengine import check_redis
+
+            check_redis(args.redis)
+        smg = shutil.which("smg")
+        if smg is None:
+            log("smg is not installed (pip install smg): the smg paths are skipped")
+        with ExitStack() as stack:
+            procs = stack.enter_context(Processes())
+            log("starting one simulated worker (time scale 0)" + (" and smg" if smg else ""))
+            workers = SimWorkers(procs, 1, time_scale=0.0, capacity_tokens=1_000_000)
+            stack.callback(workers.close)
+            redis_url = args.redis or start_redis(procs)
+            gateways: dict[str, str] = {}
+            for name in SMG_PATHS if smg else ():
+                group = SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls)
+                stack.callback(group.stop)
+                gateways[name] = group.urls[0]
+            results = asyncio.run(_run(workers.urls[0], redis_url, gateways, args.calls, args.seed, log))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except AgentCacheError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(table(results))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"calls_per_path": args.calls, "paths": results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,39 @@
+"""``python -m agent_cache.bench.overhead``: every routing path against one real worker, side by side."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import redis
+
+from agent_cache.bench.overhead import DIRECT, SMG_PATHS, main
+
+SMG = shutil.which("smg")
+
+
+def test_every_path_serves_the_same_calls_and_the_run_leaves_no_keys(redis_server, tmp_path, capsys) -> None:
+    out = tmp_path / "overhead.json"
+    assert main(["--calls", "12", "--redis", redis_server.url, "--out", str(out), "--quiet"]) == 0
+    doc = json.loads(out.read_text())
+    paths = doc["paths"]
+    want = [DIRECT, "agent-cache (memory)", "agent-cache (Redis)"] + (list(SMG_PATHS) if SMG else [])
+    assert list(paths) == want
+    for name, row in paths.items():
+        assert row["calls"] == 12, name
+        assert 0 < row["ttft_p50_s"] <= row["ttft_p99_s"], name
+        assert row["ttft_p50_s"] <= row["latency_p50_s"] <= row["latency_p99_s"], name
+        assert row["added_latency_p50_s"] == row["latency_p50_s"] - paths[DIRECT]["latency_p50_s"], name
+    assert paths[DIRECT]["added_latency_p99_s"] == 0.0
+    table = capsys.readouterr().out
+    assert table.startswith("| path |") and all(f"| {name} |" in table for name in want)
+    client = redis.Redis.from_url(redis_server.url)
+    try:  # the agent-cache (Redis) path wrote under its own prefix, deleted at the end
+        assert not list(client.scan_iter("agent-cache-overhead-*"))
+    finally:
+        client.close()
+
+
+def test_too_few_calls_exit_2_naming_the_flag(capsys) -> None:
+    assert main(["--calls", "3", "--quiet"]) == 2
+    assert "--calls" in capsys.readouterr().err
