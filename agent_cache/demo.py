@@ -31,7 +31,7 @@ from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 
 from agent_cache.backends import SGLangClient
-from agent_cache.bench.percentile import percentile
+from agent_cache.percentile import percentile
 from agent_cache.langchain import ChatSGLang, SessionMiddleware
 from agent_cache.routing.router import Placement, RouteRequest, Router
 

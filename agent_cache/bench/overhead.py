@@ -32,7 +32,7 @@ import uuid
 from contextlib import ExitStack
 from typing import Any, Callable, Sequence
 
-from agent_cache.bench.percentile import percentile
+from agent_cache.percentile import percentile
 from agent_cache.bench.realfleet import SMG_POLICIES, Processes, SimWorkers, SmgGateways, start_redis
 from agent_cache.bench.realload import ChatClient, Job, call_path
 from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate

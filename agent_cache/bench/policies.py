@@ -22,7 +22,7 @@ import random
 import uuid
 from typing import Any, Protocol, Sequence
 
-from agent_cache.routing.placement import Policy
+from agent_cache.placement.rule import Policy
 from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.store.base import MetadataStore
 from agent_cache.store.memory import MemoryStore

@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 
-from agent_cache.bench.percentile import percentile
+from agent_cache.percentile import percentile
 from agent_cache.routing.router import RouteRequest, Router
 
 WORKERS = [f"http://10.0.0.{i}:30000" for i in range(1, 9)]  # never contacted: probes are off

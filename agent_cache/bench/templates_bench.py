@@ -13,7 +13,7 @@ import uuid
 
 from agent_cache.templates import TemplateMode, Templater
 from agent_cache.templates.explain import render_chat
-from agent_cache.bench.percentile import percentile
+from agent_cache.percentile import percentile
 from agent_cache.templates.templater import encoder
 
 _WORDS = ("agent tool search answer question context document retrieve reason step observe "

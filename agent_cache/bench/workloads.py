@@ -506,7 +506,7 @@ def load_trace(path: str, *, sessions: int | None = None, rate: float | None = N
         raise ConfigError("rate", f"must be positive, got {rate}")
     if speedup <= 0:
         raise ConfigError("speedup", f"must be positive, got {speedup}")
-    from agent_cache.bench.trace import iter_trace
+    from agent_cache.traces import iter_trace
 
     off, tm = Templater("off"), Templater("templatize")
     by_session: dict[str, list] = {}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import weakref
 from dataclasses import dataclass
 from operator import itemgetter
@@ -18,7 +17,7 @@ from langchain_core.language_models.chat_models import (
     agenerate_from_stream,
     generate_from_stream,
 )
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import LC_ID_PREFIX, AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import JsonOutputKeyToolsParser, PydanticToolsParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
@@ -30,32 +29,32 @@ from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError,
 
 from agent_cache.backends.protocol import Usage
 from agent_cache.backends.sglang import AsyncSGLangClient, SGLangClient, normalize_worker_url
-from agent_cache.errors import BackendError, ConfigError, TemplateError
-from agent_cache.routing.router import Placement, Router
+from agent_cache.errors import ConfigError, TemplateError
+from agent_cache.routing.lifecycle import Attempt, CallLifecycle
+from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.templates import Templater, TemplateRegistry
 from agent_cache.langchain.messages import to_ai_chunk, to_ai_message, to_openai_messages, usage_metadata
-from agent_cache.langchain.selector import RoutedPrompt, _WorkerSelector
 from agent_cache.langchain.sessions import resolve_session_id, session_from_config
 
 _RETRY_BASE = 0.2  # seconds; doubles per attempt
 
 # kwargs of a call that configure this model rather than the request body
 _LOCAL_KWARGS = (
-    "session_id", "_config_session", "stream_usage", "ls_structured_output_format", "template_variables",
+    "session_id", "_config_session", "_whole_message", "stream_usage", "ls_structured_output_format",
+    "template_variables",
 )
 
 
 @dataclass
 class _Call:
+    """One model call, ready to send: the normalised prompt and its routing request."""
+
     session_id: str
     model: str
-    routed: RoutedPrompt
+    messages: list[dict[str, Any]]
+    request: RouteRequest
     params: dict[str, Any]
     include_usage: bool
-
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        return self.routed.messages
 
 
 class ChatSGLang(BaseChatModel):
@@ -90,7 +89,8 @@ class ChatSGLang(BaseChatModel):
     pool: str | None = None
     health_probe_interval: float | None = None
 
-    _selector: _WorkerSelector = PrivateAttr()
+    _router: Router = PrivateAttr()
+    _templater: Templater = PrivateAttr()
     _clients: dict[str, SGLangClient] = PrivateAttr(default_factory=dict)
     _aclients: weakref.WeakKeyDictionary = PrivateAttr(default_factory=weakref.WeakKeyDictionary)
 
@@ -126,7 +126,7 @@ class ChatSGLang(BaseChatModel):
             raise
 
     @model_validator(mode="after")
-    def _make_selector(self) -> "ChatSGLang":
+    def _make_router(self) -> "ChatSGLang":
         router = self.router
         if router is None:
             if self.redis_url is None and os.environ.get("AGENT_CACHE_REDIS_URL"):
@@ -137,7 +137,7 @@ class ChatSGLang(BaseChatModel):
                 probe_interval=self.health_probe_interval,
             )
         try:
-            templater = Templater(
+            self._templater = Templater(
                 self.templates,
                 variables=self.template_variables,
                 tenant=self.tenant,
@@ -146,13 +146,13 @@ class ChatSGLang(BaseChatModel):
         except TemplateError as exc:
             field = {"mode": "templates", "variables": "template_variables"}.get(exc.field, exc.field)
             raise ConfigError(field, str(exc).split(": ", 1)[-1]) from exc
-        self._selector = _WorkerSelector(router, templater, tenant=self.tenant, pool=self.pool)
+        self._router = router
         return self
 
     @property
     def routing(self) -> Router:
         """The router deciding which worker serves each session."""
-        return self._selector.router
+        return self._router
 
     # --- LangChain metadata ---------------------------------------------------
 
@@ -164,7 +164,7 @@ class ChatSGLang(BaseChatModel):
     def _identifying_params(self) -> dict[str, Any]:
         return {
             "model_name": self.model_name,
-            "workers": list(self._selector.workers),
+            "workers": [w.url for w in self._router.workers],
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
             "stop": self.stop,
@@ -186,15 +186,31 @@ class ChatSGLang(BaseChatModel):
 
     # --- entry points: remember the session the caller's config names ---------------
 
+    # invoke/ainvoke return one whole message: a streamed call is then run by
+    # _generate/_agenerate, which can retry a broken stream since no chunk
+    # reached the caller (see _should_stream).
+
     def invoke(self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
         kwargs.setdefault("_config_session", session_from_config(config))
+        kwargs.setdefault("_whole_message", True)
         return super().invoke(input, config, **kwargs)
 
     async def ainvoke(
         self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AIMessage:
         kwargs.setdefault("_config_session", session_from_config(config))
+        kwargs.setdefault("_whole_message", True)
         return await super().ainvoke(input, config, **kwargs)
+
+    def _should_stream(self, *, async_api: bool, run_manager: Any = None, **kwargs: Any) -> bool:
+        if kwargs.get("_whole_message"):
+            return False  # _generate/_agenerate stream themselves when asked to
+        return super()._should_stream(async_api=async_api, run_manager=run_manager, **kwargs)
+
+    def _streamed(self, async_api: bool, run_manager: Any, kwargs: dict[str, Any]) -> bool:
+        """Whether a whole-message call should stream (streaming=True, stream=True, or a streaming handler)."""
+        rest = {k: v for k, v in kwargs.items() if k != "_whole_message"}
+        return super()._should_stream(async_api=async_api, run_manager=run_manager, **rest)
 
     def stream(
         self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any
@@ -231,8 +247,10 @@ class ChatSGLang(BaseChatModel):
         for client in self._clients.values():
             client.close()
         self._clients.clear()
+        if self._templater.registry is not None:
+            self._templater.registry.close()
         if self.router is None:
-            self._selector.router.close()
+            self._router.close()
 
     async def aclose(self) -> None:
         """As :meth:`close`, and also the async clients of the running loop (the router's included)."""
@@ -242,8 +260,10 @@ class ChatSGLang(BaseChatModel):
         for sync_client in self._clients.values():
             sync_client.close()
         self._clients.clear()
+        if self._templater.registry is not None:  # its last writes are sync: off the event loop
+            await asyncio.to_thread(self._templater.registry.close)
         if self.router is None:
-            await self._selector.router.aclose()
+            await self._router.aclose()
 
     # --- request building -------------------------------------------------------
 
@@ -269,14 +289,17 @@ class ChatSGLang(BaseChatModel):
             params["extra_body"] = extra
         stops = stop or params.pop("stop", None) or self.stop
         params["stop"] = stops or None
-        routed = self._selector.prepare(
-            to_openai_messages(messages), params.get("tools"), session_id, call_variables
+        prompt = self._templater.normalize(
+            to_openai_messages(messages), params.get("tools"), session_id=session_id, variables=call_variables
         )
-        if routed.tools is not None:
-            params["tools"] = routed.tools
-        if routed.extra_key is not None and "extra_key" not in params:
-            params["extra_key"] = routed.extra_key  # keeps tenants apart in the worker's radix cache
-        return _Call(session_id, model, routed, params, include_usage)
+        if prompt.tools is not None:
+            params["tools"] = prompt.tools
+        extra_key = self._router.extra_key_for(self.tenant)
+        if extra_key is not None and "extra_key" not in params:
+            params["extra_key"] = extra_key  # keeps tenants apart in the worker's radix cache
+        request = RouteRequest(session_id=session_id, template_id=prompt.template_id, tenant=self.tenant,
+                               pool=self.pool, prompt_tokens_estimate=prompt.template_tokens)
+        return _Call(session_id, model, prompt.messages, request, params, include_usage)
 
     def _metadata(self, call: _Call, placement: Placement, model: str, finish: str | None, cached: int | None) -> dict:
         return {
@@ -286,15 +309,15 @@ class ChatSGLang(BaseChatModel):
             "worker": placement.worker,
             "session_id": call.session_id,
             "cached_tokens": cached,
-            "template_id": call.routed.request.template_id,
+            "template_id": call.request.template_id,
             "routing": placement.outcome,
         }
 
-    def _retry(self, exc: BaseException, attempt: int) -> bool:
-        return isinstance(exc, BackendError) and exc.retryable and attempt < self.max_retries
-
-    def _next_exclude(self, exclude: frozenset[str], placement: Placement) -> frozenset[str]:
-        return self._selector.next_exclude(exclude, placement.worker, self._selector.workers)
+    def _lifecycle(self, call: _Call) -> CallLifecycle:
+        # after a failure the next try may use a worker whose breaker is open: the
+        # evidence may be stale (a restart), and the backoff paces the trial
+        return CallLifecycle(self._router, call.request, max_attempts=self.max_retries + 1, backoff=_RETRY_BASE,
+                             last_resort=True)
 
     # --- non-streaming ------------------------------------------------------------
 
@@ -311,24 +334,22 @@ class ChatSGLang(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        if self.streaming:
-            return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
+        streamed = self._streamed(False, run_manager, kwargs)
         call = self._prepare(messages, stop, run_manager, kwargs)
-        attempt, exclude = 0, frozenset[str]()
-        while True:
-            placement = self._selector.begin(call.routed, exclude, retry=attempt > 0)
-            try:
-                result = self._client(placement.worker).chat(call.messages, model=call.model, **call.params)
-            except BaseException as exc:
-                self._selector.fail(placement, exc)
-                if not self._retry(exc, attempt):
-                    raise
-                exclude = self._next_exclude(exclude, placement)
-            else:
-                self._selector.succeed(placement, result.usage)
-                return self._result(call, placement, result)
-            time.sleep(_RETRY_BASE * 2**attempt)
-            attempt += 1
+        life = self._lifecycle(call)
+        if streamed:
+            for _ in life.stream(lambda attempt: self._stream_attempt(call, attempt, run_manager, live=False)):
+                pass
+            assert life.result is not None
+            (state, chunks), placement = life.result
+            return generate_from_stream(iter([*chunks, self._final_chunk(call, placement, state)]))
+
+        def chat(placement: Placement) -> tuple[Any, Usage | None]:
+            result = self._client(placement.worker).chat(call.messages, model=call.model, **call.params)
+            return result, result.usage
+
+        result, placement = life.run(chat)
+        return self._result(call, placement, result)
 
     async def _agenerate(
         self,
@@ -337,24 +358,22 @@ class ChatSGLang(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        if self.streaming:
-            return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
+        streamed = self._streamed(True, run_manager, kwargs)
         call = self._prepare(messages, stop, run_manager, kwargs)
-        attempt, exclude = 0, frozenset[str]()
-        while True:
-            placement = await self._selector.abegin(call.routed, exclude, retry=attempt > 0)
-            try:
-                result = await self._aclient(placement.worker).chat(call.messages, model=call.model, **call.params)
-            except BaseException as exc:
-                await self._selector.afail(placement, exc)
-                if not self._retry(exc, attempt):
-                    raise
-                exclude = self._next_exclude(exclude, placement)
-            else:
-                await self._selector.asucceed(placement, result.usage)
-                return self._result(call, placement, result)
-            await asyncio.sleep(_RETRY_BASE * 2**attempt)
-            attempt += 1
+        life = self._lifecycle(call)
+        if streamed:
+            async for _ in life.astream(lambda attempt: self._astream_attempt(call, attempt, run_manager, live=False)):
+                pass
+            assert life.result is not None
+            (state, chunks), placement = life.result
+            return await agenerate_from_stream(_aiter([*chunks, self._final_chunk(call, placement, state)]))
+
+        async def chat(placement: Placement) -> tuple[Any, Usage | None]:
+            result = await self._aclient(placement.worker).chat(call.messages, model=call.model, **call.params)
+            return result, result.usage
+
+        result, placement = await life.arun(chat)
+        return self._result(call, placement, result)
 
     # --- streaming ------------------------------------------------------------------
 
@@ -381,6 +400,55 @@ class ChatSGLang(BaseChatModel):
             return ChatGenerationChunk(message=to_ai_chunk(chunk))
         return None
 
+    @staticmethod
+    def _attempt_chunk(out: ChatGenerationChunk, attempt: Attempt, chunks: list, run_manager: Any,
+                       live: bool) -> bool:
+        """Note one chunk of an attempt; True if it goes to the caller now (``live``)."""
+        if live:
+            attempt.delivered = True  # from here on, a retry would duplicate output
+        else:
+            chunks.append(out)  # the whole message is built from the attempt that succeeds
+            if run_manager is not None and out.message.id is None:
+                out.message.id = f"{LC_ID_PREFIX}-{run_manager.run_id}"
+        return live
+
+    def _stream_attempt(self, call: _Call, attempt: Attempt, run_manager: CallbackManagerForLLMRun | None,
+                        live: bool) -> Iterator[ChatGenerationChunk]:
+        """One streamed attempt: chunks go to the caller (``live``) or are kept for the whole message."""
+        state: dict[str, Any] = {}
+        chunks: list[ChatGenerationChunk] = []
+        raw_chunks = self._client(attempt.placement.worker).stream_chat(
+            call.messages, model=call.model, include_usage=call.include_usage, **call.params
+        )
+        for raw in raw_chunks:
+            out = self._track(state, raw)
+            if out is None:
+                continue
+            if run_manager:
+                run_manager.on_llm_new_token(out.text, chunk=out)
+            if self._attempt_chunk(out, attempt, chunks, run_manager, live):
+                yield out
+        attempt.value, attempt.usage = (state, chunks), state.get("usage")
+
+    async def _astream_attempt(self, call: _Call, attempt: Attempt,
+                               run_manager: AsyncCallbackManagerForLLMRun | None,
+                               live: bool) -> AsyncIterator[ChatGenerationChunk]:
+        """Async :meth:`_stream_attempt`."""
+        state: dict[str, Any] = {}
+        chunks: list[ChatGenerationChunk] = []
+        raw_chunks = self._aclient(attempt.placement.worker).stream_chat(
+            call.messages, model=call.model, include_usage=call.include_usage, **call.params
+        )
+        async for raw in raw_chunks:
+            out = self._track(state, raw)
+            if out is None:
+                continue
+            if run_manager:
+                await run_manager.on_llm_new_token(out.text, chunk=out)
+            if self._attempt_chunk(out, attempt, chunks, run_manager, live):
+                yield out
+        attempt.value, attempt.usage = (state, chunks), state.get("usage")
+
     def _stream(
         self,
         messages: list[BaseMessage],
@@ -389,34 +457,11 @@ class ChatSGLang(BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         call = self._prepare(messages, stop, run_manager, kwargs)
-        attempt, exclude = 0, frozenset[str]()
-        while True:
-            placement = self._selector.begin(call.routed, exclude, retry=attempt > 0)
-            state: dict[str, Any] = {}
-            yielded = False
-            try:
-                chunks = self._client(placement.worker).stream_chat(
-                    call.messages, model=call.model, include_usage=call.include_usage, **call.params
-                )
-                for raw in chunks:
-                    out = self._track(state, raw)
-                    if out is not None:
-                        yielded = True
-                        if run_manager:
-                            run_manager.on_llm_new_token(out.text, chunk=out)
-                        yield out
-            except BaseException as exc:
-                self._selector.fail(placement, exc)
-                # once output reached the caller, a retry would duplicate it
-                if yielded or not self._retry(exc, attempt):
-                    raise
-                exclude = self._next_exclude(exclude, placement)
-            else:
-                self._selector.succeed(placement, state.get("usage"))
-                yield self._final_chunk(call, placement, state)
-                return
-            time.sleep(_RETRY_BASE * 2**attempt)
-            attempt += 1
+        life = self._lifecycle(call)
+        yield from life.stream(lambda attempt: self._stream_attempt(call, attempt, run_manager, live=True))
+        assert life.result is not None
+        (state, _), placement = life.result
+        yield self._final_chunk(call, placement, state)
 
     async def _astream(
         self,
@@ -426,33 +471,12 @@ class ChatSGLang(BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         call = self._prepare(messages, stop, run_manager, kwargs)
-        attempt, exclude = 0, frozenset[str]()
-        while True:
-            placement = await self._selector.abegin(call.routed, exclude, retry=attempt > 0)
-            state: dict[str, Any] = {}
-            yielded = False
-            try:
-                chunks = self._aclient(placement.worker).stream_chat(
-                    call.messages, model=call.model, include_usage=call.include_usage, **call.params
-                )
-                async for raw in chunks:
-                    out = self._track(state, raw)
-                    if out is not None:
-                        yielded = True
-                        if run_manager:
-                            await run_manager.on_llm_new_token(out.text, chunk=out)
-                        yield out
-            except BaseException as exc:
-                await self._selector.afail(placement, exc)
-                if yielded or not self._retry(exc, attempt):
-                    raise
-                exclude = self._next_exclude(exclude, placement)
-            else:
-                await self._selector.asucceed(placement, state.get("usage"))
-                yield self._final_chunk(call, placement, state)
-                return
-            await asyncio.sleep(_RETRY_BASE * 2**attempt)
-            attempt += 1
+        life = self._lifecycle(call)
+        async for chunk in life.astream(lambda attempt: self._astream_attempt(call, attempt, run_manager, live=True)):
+            yield chunk
+        assert life.result is not None
+        (state, _), placement = life.result
+        yield self._final_chunk(call, placement, state)
 
     # --- tools and structured output -----------------------------------------------
 
@@ -531,3 +555,8 @@ def _tool_choice(choice: str | bool | dict, tools: list[dict[str, Any]]) -> str 
     if choice not in names:
         raise ConfigError("tool_choice", f"{choice!r} is not one of the bound tools {names}")
     return {"type": "function", "function": {"name": choice}}
+
+
+async def _aiter(items: list[ChatGenerationChunk]) -> AsyncIterator[ChatGenerationChunk]:
+    for item in items:
+        yield item

@@ -1,23 +1,10 @@
-"""Routing: session pins, template-aware bounded-load placement, health, failover.
+"""Routing: session pins, placement through the store, health, failover.
 
-``Router`` is imported lazily: :mod:`agent_cache.store` depends on
-:mod:`agent_cache.routing.placement`, and the router depends on the store.
+The placement rule itself is :mod:`agent_cache.placement` (pure, no I/O);
+``Policy`` is re-exported here because ``Router(policy=...)`` takes it.
 """
 
-from __future__ import annotations
+from agent_cache.placement import Policy
+from agent_cache.routing.router import Placement, RouteRequest, Router
 
-from typing import Any
-
-from agent_cache.routing.placement import Decision, Policy, Snapshot, WorkerView, choose_worker
-
-_LAZY = {"Router", "RouteRequest", "Placement"}
-
-__all__ = ["Decision", "Placement", "Policy", "RouteRequest", "Router", "Snapshot", "WorkerView", "choose_worker"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from agent_cache.routing import router
-
-        return getattr(router, name)
-    raise AttributeError(name)
+__all__ = ["Placement", "Policy", "RouteRequest", "Router"]

@@ -3,9 +3,9 @@
 Ending a call must lower its worker's in-flight count in the store. On Redis
 that would be a round trip of its own per call; instead the router keeps the
 count here and hands it to its next store write (the next route or usage
-report carries it in the same script). The flusher writes whatever is still
-pending after ``delay`` seconds, so other processes see a finished call at
-most that late. The same ledger holds releases owed while the store is down,
+report carries it in the same script). A :class:`~agent_cache.background.Flusher`
+writes whatever is still pending after ``delay`` seconds, so other processes
+see a finished call at most that late. The same ledger holds releases owed while the store is down,
 and a write that timed out (it may have reached Redis) is simply sent again:
 batches carry running totals, which the store applies once.
 """
@@ -15,9 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from typing import Callable
 
-from agent_cache.routing.degraded import logger
 from agent_cache.store.base import ReleaseBatch
 
 
@@ -68,43 +66,3 @@ class PendingReleases:
             for w, t in batch.totals.items():
                 if t > self._acked.get(w, 0):
                     self._acked[w] = t
-
-
-class ReleaseFlusher:
-    """A daemon thread that calls ``flush`` ``delay`` seconds after the first :meth:`kick`."""
-
-    def __init__(self, delay: float, flush: Callable[[], None]) -> None:
-        self.delay = delay
-        self._flush = flush
-        self._kicked = threading.Event()
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def kick(self) -> None:
-        if self._thread is None or not self._thread.is_alive():  # first use, or in a forked child
-            with self._lock:
-                if self._stopped.is_set():
-                    return
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(target=self._run, name="agent-cache-release", daemon=True)
-                    self._thread.start()
-        if not self._kicked.is_set():  # set() takes a lock: skip it while a flush is already due
-            self._kicked.set()
-
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            self._kicked.wait()
-            if self._stopped.wait(self.delay):
-                return
-            self._kicked.clear()  # before flushing: a kick during the flush starts another round
-            try:
-                self._flush()
-            except Exception:  # never let the flusher die silently
-                logger.exception("release flush failed")
-
-    def close(self) -> None:
-        self._stopped.set()
-        self._kicked.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)

@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
+from agent_cache.background import Flusher
+from agent_cache.backends.protocol import Usage
 from agent_cache.backends.sglang import SGLangClient
 from agent_cache.errors import (
     BackendError,
@@ -27,11 +29,12 @@ from agent_cache.errors import (
 )
 from agent_cache.routing.config import DEFAULT_POOL, WorkerConfig, parse_pools, parse_worker, parse_workers
 from agent_cache.routing.degraded import StoreAvailability, logger
-from agent_cache.routing.hashing import pool_for_session, rendezvous_pick
+from agent_cache.placement.hashing import pool_for_session, rendezvous_pick
 from agent_cache.routing.health import HealthTracker
+from agent_cache.routing.lifecycle import CallLifecycle
 from agent_cache.routing.metrics import RouterMetrics
-from agent_cache.routing.placement import DOWN, DRAINING, UP, Policy
-from agent_cache.routing.releases import PendingReleases, ReleaseFlusher
+from agent_cache.placement.rule import DOWN, DRAINING, UP, Policy
+from agent_cache.routing.releases import PendingReleases
 from agent_cache.store.base import DEFAULT_PREFIX, DEFAULT_SESSION_TTL, MetadataStore, RouteQuery, WorkerSpec
 from agent_cache.store.memory import MemoryStore
 
@@ -130,7 +133,7 @@ class Router:
         # deferred to the next store write, or owed while the store is unreachable
         self._pending = PendingReleases()
         remote = getattr(self.store, "round_trip", True)  # the memory store releases for free
-        self._flusher = ReleaseFlusher(release_delay, self.flush) if remote and release_delay > 0 else None
+        self._flusher = Flusher(release_delay, self.flush, "agent-cache-release") if remote and release_delay > 0 else None
         self._lock = threading.Lock()
         self.health = HealthTracker(failure_threshold, cooldown)
         self.availability = StoreAvailability()
@@ -331,35 +334,21 @@ class Router:
         if self.health.success(placement.worker):
             self.metrics.healthy.labels(placement.worker).set(1)
 
-    def execute(self, request: RouteRequest, call: Callable[[str], T]) -> tuple[T, Placement]:
-        """Run ``call(worker_url)`` on the session's worker; on a retryable BackendError move and retry."""
-        exclude: set[str] = set()
-        last: BackendError | None = None
-        for _ in range(self.max_attempts):
-            try:
-                placement = self.route(request, exclude=exclude)
-            except NoHealthyWorkerError:
-                if last is not None:
-                    raise last
-                raise
-            try:
-                result = call(placement.worker)
-            except BackendError as exc:
-                self.done(placement)
-                if not exc.retryable:
-                    raise
-                self.failed(placement, exc)
-                exclude.add(placement.worker)
-                last = exc
-                continue
-            except BaseException:
-                self.done(placement)
-                raise
-            self.done(placement)
+    def settle(self, placement: Placement, error: BaseException | None = None, usage: Usage | None = None) -> None:
+        """An attempt ended: release its in-flight count; then its usage and passive health on success,
+        or passive health on a retryable failure."""
+        self.done(placement)
+        if error is None:
             self.succeeded(placement)
-            return result, placement
-        assert last is not None
-        raise last
+            if usage is not None:
+                self.report(placement, prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens or 0)
+        elif isinstance(error, BackendError) and error.retryable:
+            self.failed(placement, error)
+
+    def execute(self, request: RouteRequest, call: Callable[[str], T]) -> tuple[T, Placement]:
+        """Run ``call(worker_url)`` on the session's worker; on a retryable BackendError move and retry
+        (at most ``max_attempts`` tries, see :mod:`agent_cache.routing.lifecycle`)."""
+        return CallLifecycle(self, request, max_attempts=self.max_attempts).run(lambda p: (call(p.worker), None))
 
     # --- async face -----------------------------------------------------------------
 
@@ -417,35 +406,23 @@ class Router:
         else:
             self._pending.acknowledge(releases)
 
+    async def asettle(self, placement: Placement, error: BaseException | None = None,
+                      usage: Usage | None = None) -> None:
+        """Async :meth:`settle`."""
+        await self.adone(placement)
+        if error is None:
+            self.succeeded(placement)
+            if usage is not None:
+                await self.areport(placement, prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens or 0)
+        elif isinstance(error, BackendError) and error.retryable:
+            self.failed(placement, error)
+
     async def aexecute(self, request: RouteRequest, call: Callable[[str], Awaitable[T]]) -> tuple[T, Placement]:
         """Async :meth:`execute`: ``await call(worker_url)`` with the same failover."""
-        exclude: set[str] = set()
-        last: BackendError | None = None
-        for _ in range(self.max_attempts):
-            try:
-                placement = await self.aroute(request, exclude=exclude)
-            except NoHealthyWorkerError:
-                if last is not None:
-                    raise last
-                raise
-            try:
-                result = await call(placement.worker)
-            except BackendError as exc:
-                await self.adone(placement)
-                if not exc.retryable:
-                    raise
-                self.failed(placement, exc)
-                exclude.add(placement.worker)
-                last = exc
-                continue
-            except BaseException:
-                await self.adone(placement)
-                raise
-            await self.adone(placement)
-            self.succeeded(placement)
-            return result, placement
-        assert last is not None
-        raise last
+        async def attempt(p: Placement) -> tuple[T, None]:
+            return await call(p.worker), None
+
+        return await CallLifecycle(self, request, max_attempts=self.max_attempts).arun(attempt)
 
     # --- health probes --------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Protocol, runtime_checkable
 
-from agent_cache.routing.placement import Policy
+from agent_cache.placement.rule import Policy
 
 DEFAULT_PREFIX = "agent-cache"
 # An idle agent session's history survives in SGLang's LRU radix cache for

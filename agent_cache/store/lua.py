@@ -1,6 +1,6 @@
 """Lua scripts of the Redis store.
 
-ROUTE is a port of :func:`agent_cache.routing.placement.choose_worker` plus
+ROUTE is a port of :func:`agent_cache.placement.rule.choose_worker` plus
 the bookkeeping of :meth:`agent_cache.store.memory.MemoryStore.route`; keep
 all three in step (a test compares them on random scenarios). Worker and
 purged-session keys are built inside the script; they share the deployment's

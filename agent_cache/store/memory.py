@@ -12,7 +12,7 @@ from collections import OrderedDict
 import threading
 from typing import Any, Mapping
 
-from agent_cache.routing.placement import PinView, Policy, Snapshot, WorkerView, choose_worker
+from agent_cache.placement.rule import PinView, Policy, Snapshot, WorkerView, choose_worker
 from agent_cache.store.base import (
     DEFAULT_SESSION_TTL,
     DEFAULT_TEMPLATE_WINDOW,

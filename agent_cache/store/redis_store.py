@@ -17,7 +17,7 @@ import redis.asyncio as aredis
 from redis.backoff import NoBackoff
 
 from agent_cache.errors import ConfigError, StoreError, StoreUnavailableError
-from agent_cache.routing.placement import Policy
+from agent_cache.placement.rule import Policy
 from agent_cache.store import keys, lua
 from agent_cache.store.base import (
     DEFAULT_PREFIX,

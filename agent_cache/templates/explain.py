@@ -121,7 +121,7 @@ def explain_prompts(a_messages: Sequence[Mapping], b_messages: Sequence[Mapping]
 
 
 def explain_trace(path: str) -> ExplainReport:
-    from agent_cache.bench.trace import iter_trace
+    from agent_cache.traces import iter_trace
 
     report = ExplainReport()
     cached: dict[str, list[str]] = {}  # agent -> sorted cached sequences

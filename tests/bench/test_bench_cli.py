@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent_cache.bench.runner import ALL_POLICIES, main_bench
-from agent_cache.bench.trace import iter_trace
+from agent_cache.traces import iter_trace
 
 TRACE = Path(__file__).resolve().parents[1] / "data" / "reflexion_hotpotqa.jsonl.gz"
 DOCUMENTED = ("token_hit_rate", "oracle_fraction", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s",

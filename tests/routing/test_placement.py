@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent_cache.routing.hashing import pool_for_session, rendezvous_pick
-from agent_cache.routing.placement import (
+from agent_cache.placement.hashing import pool_for_session, rendezvous_pick
+from agent_cache.placement.rule import (
     DOWN,
     DRAINING,
     PinView,

@@ -20,7 +20,7 @@ import pytest
 
 import agent_cache.store.memory as memory_store
 from agent_cache.backends import SGLangClient
-from agent_cache.routing.placement import Decision, Policy, Snapshot, choose_worker
+from agent_cache.placement.rule import Decision, Policy, Snapshot, choose_worker
 from agent_cache.routing.router import RouteRequest, Router
 from agent_cache.sim import SimFleet
 from agent_cache.templates.templater import token_count

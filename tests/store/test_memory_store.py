@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from agent_cache.routing.placement import Policy
+from agent_cache.placement.rule import Policy
 from agent_cache.store import MemoryStore, RouteQuery, WorkerSpec
 
 A, B = "http://a:1", "http://b:1"

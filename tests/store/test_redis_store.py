@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from agent_cache.errors import ConfigError, StoreUnavailableError
-from agent_cache.routing.placement import Policy
+from agent_cache.placement.rule import Policy
 from agent_cache.routing.releases import PendingReleases
 from agent_cache.store import MemoryStore, RedisStore, RouteQuery, WorkerSpec
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_cache.bench.trace import iter_trace
+from agent_cache.traces import iter_trace
 from agent_cache.errors import TraceFormatError
 from agent_cache.templates.explain import explain_prompts, explain_trace, main_explain, render_chat
 

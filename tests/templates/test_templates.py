@@ -8,7 +8,7 @@ import string
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent_cache.errors import TemplateError
+from agent_cache.errors import StoreUnavailableError, TemplateError
 from agent_cache.templates import (
     TemplateMode, TemplateRegistry, Templater, canonicalize, extract_volatile, render, variables_from_prompt,
 )
@@ -219,13 +219,53 @@ class DictStore:
 def test_registry():
     store = DictStore()
     clock = iter(range(100, 200))
-    reg = TemplateRegistry(store, clock=lambda: float(next(clock)))
+    reg = TemplateRegistry(store, clock=lambda: float(next(clock)), flush_delay=60)
     t = Templater("templatize", tenant="acme", registry=reg)
     for s in ("s1", "s1", "s2"):
         p = t.normalize(_sys("2026-12-02", "r", f"{s}@b.com", "1764684000"), session_id=s)
+    # normalising did no I/O: the records wait for the background flush
+    assert store.writes == 0 and reg.pending() == 2
+    reg.flush()
+    assert reg.pending() == 0
     assert reg.info("acme", p.template_id) == {"first_seen": 100.0, "sessions": 2, "token_length": p.template_tokens}
     assert store.writes == 2  # repeated calls of a session do not write again
     assert reg.text("acme", p.template_id) is None and reg.info("other", p.template_id) is None
     reg2 = TemplateRegistry(DictStore(), store_text=True)
     Templater("canonical", registry=reg2).normalize(_sys("d", "r", "e", "t"))
     assert reg2.text("default", Templater("canonical").normalize(_sys("d", "r", "e", "t")).template_id)
+    reg.close()
+    reg2.close()
+
+
+class DownStore(DictStore):
+    """A store that is unreachable until ``up`` is set."""
+
+    up = False
+
+    def record_template(self, *args):
+        if not self.up:
+            raise StoreUnavailableError("store down")
+        super().record_template(*args)
+
+
+def test_registry_keeps_records_queued_while_the_store_is_down_and_writes_them_after():
+    store = DownStore()
+    reg = TemplateRegistry(store, flush_delay=60, max_pending=3)
+    t = Templater("templatize", registry=reg)
+    prompts = [t.normalize(_sys("2026-12-02", "r", "e", "t"), session_id=f"s{i}") for i in range(5)]
+    reg.flush()  # fails quietly: bookkeeping never fails a call
+    assert reg.pending() == 3  # bounded: the two oldest were dropped
+    store.up = True
+    reg.flush()
+    assert reg.pending() == 0 and store.writes == 3
+    assert reg.info("default", prompts[0].template_id)["sessions"] == 3  # s2, s3, s4
+    reg.close()
+
+
+def test_registry_over_the_memory_store_writes_at_once():
+    from agent_cache.store import MemoryStore
+
+    store = MemoryStore()
+    reg = TemplateRegistry(store)
+    p = Templater("canonical", registry=reg).normalize(_sys("d", "r", "e", "t"), session_id="s1")
+    assert reg.pending() == 0 and store.template_info("default", p.template_id)["sessions"] == 1

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent_cache.routing.hashing import rendezvous_score
+from agent_cache.placement.hashing import rendezvous_score
 
 UP = "up"
 DOWN = "down"

@@ -1,0 +1,233 @@
+"""One model call's lifecycle: a pure flow of steps, driven by a sync or an async runner.
+
+:func:`call_flow` decides, and does no I/O (as httpx's ``Auth.auth_flow``):
+which worker to ask for (exclusions after failures, the last resort once
+no worker is healthy), when to give up (the attempt budget, an error that is
+not retryable, output that already reached the caller), how long to back
+off, and that every attempt is settled (its in-flight count released, usage
+or failure fed back) before the next one starts. :class:`CallLifecycle`
+runs the flow against a :class:`~agent_cache.routing.router.Router`, with
+the caller's sender doing the one thing that talks to the worker.
+
+Every path that calls workers drives it: ``ChatSGLang``'s sync, async and
+streaming calls, and ``Router.execute`` / ``Router.aexecute``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Generator, Iterator, Sequence, TypeVar, Union
+
+from agent_cache.backends.protocol import Usage
+from agent_cache.errors import BackendError, NoHealthyWorkerError
+
+if TYPE_CHECKING:
+    from agent_cache.routing.router import Placement, RouteRequest, Router
+
+T = TypeVar("T")
+Y = TypeVar("Y")
+
+
+# --- the steps the flow asks for --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Choose:
+    """Route the call, avoiding ``exclude``; with ``last_resort``, a worker even if none is healthy."""
+
+    exclude: frozenset[str]
+    last_resort: bool
+
+
+@dataclass(frozen=True)
+class Send:
+    """Run the attempt on ``placement.worker``; the runner answers with the filled-in :class:`Attempt`."""
+
+    placement: "Placement"
+
+
+@dataclass(frozen=True)
+class Settle:
+    """The attempt ended: release its in-flight count, then feed back its usage or its failure."""
+
+    placement: "Placement"
+    error: BaseException | None
+    usage: Usage | None
+
+
+@dataclass(frozen=True)
+class Backoff:
+    seconds: float
+
+
+Step = Union[Choose, Send, Settle, Backoff]
+
+
+@dataclass
+class Attempt:
+    """One try on one worker, as the sender fills it in."""
+
+    placement: "Placement"
+    value: Any = None
+    usage: Usage | None = None
+    error: BaseException | None = None
+    delivered: bool = False  # output already reached the caller: a retry would duplicate it
+
+
+def retryable(error: BaseException) -> bool:
+    return isinstance(error, BackendError) and error.retryable
+
+
+def next_exclude(exclude: frozenset[str], failed: str, workers: Sequence[str]) -> frozenset[str]:
+    """Workers to avoid on the next attempt: the failed ones, until none is left to try."""
+    exclude = exclude | {failed}
+    return frozenset() if exclude >= set(workers) else exclude
+
+
+def call_flow(workers: Sequence[str], *, max_attempts: int, backoff: float = 0.0,
+              last_resort: bool = False) -> Generator[Step, Any, tuple[Any, "Placement"]]:
+    """The decisions of one call; returns ``(value, placement)`` of the attempt that succeeded.
+
+    ``max_attempts``: tries in all; ``backoff``: seconds before the second
+    try, doubling after each; ``last_resort``: after a failure, try a worker
+    even when none is healthy (breakers open on evidence that may be stale).
+    """
+    exclude: frozenset[str] = frozenset()
+    last: BaseException | None = None
+    for n in range(max_attempts):
+        try:
+            placement = yield Choose(exclude, last_resort=last_resort and n > 0)
+        except NoHealthyWorkerError:
+            if last is not None:
+                raise last from None
+            raise
+        attempt: Attempt = yield Send(placement)
+        yield Settle(placement, attempt.error, attempt.usage)
+        if attempt.error is None:
+            return attempt.value, placement
+        if attempt.delivered or not retryable(attempt.error) or n + 1 == max_attempts:
+            raise attempt.error
+        last = attempt.error
+        exclude = next_exclude(exclude, placement.worker, workers)
+        if backoff > 0:
+            yield Backoff(backoff * 2**n)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+# --- the runners ------------------------------------------------------------------------
+
+
+class CallLifecycle:
+    """Runs :func:`call_flow` for one call against ``router``.
+
+    A sender takes the :class:`Attempt`, talks to ``attempt.placement.worker``
+    and fills in ``value`` and ``usage``; a streaming sender yields what the
+    caller receives and sets ``delivered`` once output reached the caller.
+    After a run, ``result`` holds ``(value, placement)``.
+    """
+
+    def __init__(self, router: "Router", request: "RouteRequest", *, max_attempts: int, backoff: float = 0.0,
+                 last_resort: bool = False) -> None:
+        self.router = router
+        self.request = request
+        self.flow = call_flow([w.url for w in router.workers], max_attempts=max_attempts, backoff=backoff,
+                              last_resort=last_resort)
+        self.result: tuple[Any, "Placement"] | None = None
+
+    def _choose(self, step: Choose) -> "Placement":
+        try:
+            return self.router.route(self.request, exclude=step.exclude)
+        except NoHealthyWorkerError:
+            if not step.last_resort:
+                raise
+            return self.router.last_resort(self.request, exclude=step.exclude)
+
+    async def _achoose(self, step: Choose) -> "Placement":
+        try:
+            return await self.router.aroute(self.request, exclude=step.exclude)
+        except NoHealthyWorkerError:
+            if not step.last_resort:
+                raise
+            return self.router.last_resort(self.request, exclude=step.exclude)
+
+    def _next(self, reply: Any, error: BaseException | None) -> Step | None:
+        try:
+            return self.flow.throw(error) if error is not None else self.flow.send(reply)
+        except StopIteration as stop:
+            self.result = stop.value
+            return None
+
+    def stream(self, sender: Callable[[Attempt], Iterator[Y]]) -> Iterator[Y]:
+        """Drive the flow, yielding what the sender yields."""
+        reply: Any = None
+        error: BaseException | None = None
+        while (step := self._next(reply, error)) is not None:
+            reply, error = None, None
+            if isinstance(step, Choose):
+                try:
+                    reply = self._choose(step)
+                except NoHealthyWorkerError as exc:
+                    error = exc
+            elif isinstance(step, Send):
+                reply = attempt = Attempt(step.placement)
+                try:
+                    yield from sender(attempt)
+                except BaseException as exc:  # settled first; the flow re-raises what it does not retry
+                    attempt.error = exc
+            elif isinstance(step, Settle):
+                self.router.settle(step.placement, step.error, step.usage)
+            else:
+                time.sleep(step.seconds)
+
+    async def astream(self, sender: Callable[[Attempt], AsyncIterator[Y]]) -> AsyncIterator[Y]:
+        """Async :meth:`stream`."""
+        reply: Any = None
+        error: BaseException | None = None
+        while (step := self._next(reply, error)) is not None:
+            reply, error = None, None
+            if isinstance(step, Choose):
+                try:
+                    reply = await self._achoose(step)
+                except NoHealthyWorkerError as exc:
+                    error = exc
+            elif isinstance(step, Send):
+                reply = attempt = Attempt(step.placement)
+                items = sender(attempt)
+                try:
+                    async for item in items:
+                        yield item
+                except BaseException as exc:
+                    attempt.error = exc
+                finally:
+                    await items.aclose()  # as ``yield from`` closes a sync sender
+            elif isinstance(step, Settle):
+                await self.router.asettle(step.placement, step.error, step.usage)
+            else:
+                await asyncio.sleep(step.seconds)
+
+    def run(self, call: Callable[["Placement"], tuple[T, Usage | None]]) -> tuple[T, "Placement"]:
+        """A call without streamed output: ``call(placement)`` returns ``(value, usage)``."""
+
+        def sender(attempt: Attempt) -> Iterator[None]:
+            attempt.value, attempt.usage = call(attempt.placement)
+            return iter(())
+
+        for _ in self.stream(sender):
+            pass
+        assert self.result is not None
+        return self.result
+
+    async def arun(self, call: Callable[["Placement"], Awaitable[tuple[T, Usage | None]]]) -> tuple[T, "Placement"]:
+        """Async :meth:`run`."""
+
+        async def sender(attempt: Attempt) -> AsyncIterator[None]:
+            attempt.value, attempt.usage = await call(attempt.placement)
+            return
+            yield  # an async generator that yields nothing
+
+        async for _ in self.astream(sender):
+            pass
+        assert self.result is not None
+        return self.result

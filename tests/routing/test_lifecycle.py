@@ -1,0 +1,83 @@
+"""The call lifecycle's pure flow, step by step (its runners: tests/langchain/test_broken_stream.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_cache.errors import NoHealthyWorkerError, StreamError, WorkerBadRequestError, WorkerConnectionError
+from agent_cache.routing.lifecycle import Attempt, Backoff, Choose, Send, Settle, call_flow, next_exclude
+from agent_cache.routing.router import Placement
+
+WORKERS = ["http://a", "http://b"]
+
+
+def _placed(worker: str) -> Placement:
+    return Placement(worker, "placed", 1, "s1")
+
+
+def _attempt(worker: str, error: BaseException | None = None, delivered: bool = False) -> Attempt:
+    return Attempt(_placed(worker), value=None if error else f"answer from {worker}", error=error,
+                   delivered=delivered)
+
+
+def test_a_successful_call_is_routed_sent_and_settled_once() -> None:
+    flow = call_flow(WORKERS, max_attempts=3, backoff=0.2, last_resort=True)
+    assert next(flow) == Choose(frozenset(), last_resort=False)
+    assert flow.send(_placed("http://a")) == Send(_placed("http://a"))
+    assert flow.send(_attempt("http://a")) == Settle(_placed("http://a"), None, None)
+    with pytest.raises(StopIteration) as done:
+        flow.send(None)
+    assert done.value.value == ("answer from http://a", _placed("http://a"))
+
+
+def test_a_retryable_failure_settles_backs_off_and_tries_elsewhere_then_the_last_resort() -> None:
+    err = WorkerConnectionError("refused", url="http://a")
+    flow = call_flow(WORKERS, max_attempts=3, backoff=0.2, last_resort=True)
+    next(flow)
+    flow.send(_placed("http://a"))
+    assert flow.send(_attempt("http://a", err)) == Settle(_placed("http://a"), err, None)
+    assert flow.send(None) == Backoff(0.2)
+    assert flow.send(None) == Choose(frozenset({"http://a"}), last_resort=True)
+    flow.send(_placed("http://b"))
+    flow.send(_attempt("http://b", err))
+    assert flow.send(None) == Backoff(0.4)  # doubling
+    # every worker failed once: the exclusions start over rather than leave nothing to try
+    assert flow.send(None) == Choose(frozenset(), last_resort=True)
+    flow.send(_placed("http://a"))
+    flow.send(_attempt("http://a", err))
+    with pytest.raises(WorkerConnectionError):  # the attempt budget is spent
+        flow.send(None)
+
+
+@pytest.mark.parametrize("error, delivered", [
+    (WorkerBadRequestError("bad", url="http://a"), False),  # the same request fails everywhere
+    (StreamError("cut", url="http://a"), True),  # output reached the caller: a retry would duplicate it
+    (KeyboardInterrupt(), False),
+])
+def test_no_retry_after_output_reached_the_caller_or_for_an_error_that_would_repeat(error, delivered) -> None:
+    flow = call_flow(WORKERS, max_attempts=3)
+    next(flow)
+    flow.send(_placed("http://a"))
+    assert flow.send(_attempt("http://a", error, delivered)) == Settle(_placed("http://a"), error, None)
+    with pytest.raises(type(error)):
+        flow.send(None)
+
+
+def test_no_healthy_worker_raises_the_last_failure_or_itself() -> None:
+    flow = call_flow(WORKERS, max_attempts=3)
+    next(flow)
+    with pytest.raises(NoHealthyWorkerError):  # nothing was tried yet
+        flow.throw(NoHealthyWorkerError("none"))
+    err = WorkerConnectionError("refused", url="http://a")
+    flow = call_flow(WORKERS, max_attempts=3)
+    next(flow)
+    flow.send(_placed("http://a"))
+    flow.send(_attempt("http://a", err))
+    assert flow.send(None) == Choose(frozenset({"http://a"}), last_resort=False)  # no backoff asked: none
+    with pytest.raises(WorkerConnectionError):
+        flow.throw(NoHealthyWorkerError("none"))
+
+
+def test_next_exclude_starts_over_when_every_worker_failed() -> None:
+    assert next_exclude(frozenset(), "http://a", WORKERS) == {"http://a"}
+    assert next_exclude(frozenset({"http://a"}), "http://b", WORKERS) == frozenset()
