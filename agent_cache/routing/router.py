@@ -335,15 +335,37 @@ class Router:
             self.metrics.healthy.labels(placement.worker).set(1)
 
     def settle(self, placement: Placement, error: BaseException | None = None, usage: Usage | None = None) -> None:
-        """An attempt ended: release its in-flight count; then its usage and passive health on success,
-        or passive health on a retryable failure."""
+        """An attempt ended: release its in-flight count; then its usage and passive health on success;
+        on a worker error, passive health (if retryable) and, if this call placed the session, undo it."""
         self.done(placement)
         if error is None:
             self.succeeded(placement)
             if usage is not None:
                 self.report(placement, prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens or 0)
-        elif isinstance(error, BackendError) and error.retryable:
-            self.failed(placement, error)
+        elif isinstance(error, BackendError):
+            if error.retryable:
+                self.failed(placement, error)
+            if self._undoable(placement):
+                self.abandon(placement)
+
+    @staticmethod
+    def _undoable(placement: Placement) -> bool:
+        """A placement made by this call (not a pin it followed), recorded in the store."""
+        return placement.outcome != "pinned" and placement.outcome not in _STORELESS
+
+    def abandon(self, placement: Placement) -> None:
+        """The worker did not serve the call that placed the session: undo the placement in the store
+        (pin, KV estimate, template mark), so a failed call leaves no state behind."""
+        if self.availability.degraded:
+            return
+        releases = self._pending.take()
+        try:
+            self.store.abandon(placement.tenant, placement.session_id, placement.worker, placement.epoch,
+                               placement.template_id, self._clock(), releases)
+        except StoreError as exc:
+            self._store_failed(exc)
+        else:
+            self._pending.acknowledge(releases)
 
     def execute(self, request: RouteRequest, call: Callable[[str], T]) -> tuple[T, Placement]:
         """Run ``call(worker_url)`` on the session's worker; on a retryable BackendError move and retry
@@ -414,8 +436,26 @@ class Router:
             self.succeeded(placement)
             if usage is not None:
                 await self.areport(placement, prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens or 0)
-        elif isinstance(error, BackendError) and error.retryable:
-            self.failed(placement, error)
+        elif isinstance(error, BackendError):
+            if error.retryable:
+                self.failed(placement, error)
+            if self._undoable(placement):
+                await self.aabandon(placement)
+
+    async def aabandon(self, placement: Placement) -> None:
+        """Async :meth:`abandon`."""
+        if self.availability.degraded:
+            return
+        releases = self._pending.take()
+        try:
+            await self.store.aabandon(  # type: ignore[attr-defined]
+                placement.tenant, placement.session_id, placement.worker, placement.epoch,
+                placement.template_id, self._clock(), releases,
+            )  # fmt: skip
+        except StoreError as exc:
+            self._store_failed(exc)
+        else:
+            self._pending.acknowledge(releases)
 
     async def aexecute(self, request: RouteRequest, call: Callable[[str], Awaitable[T]]) -> tuple[T, Placement]:
         """Async :meth:`execute`: ``await call(worker_url)`` with the same failover."""

@@ -112,6 +112,13 @@ class MetadataStore(Protocol):
         releases: Releases = None,
     ) -> None: ...
 
+    def abandon(
+        self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None, now: float,
+        releases: Releases = None,
+    ) -> None:
+        """Undo a placement whose first call failed: its pin, KV estimate and template mark."""
+        ...
+
     def get_session(self, tenant: str, session_id: str, now: float) -> dict[str, Any] | None: ...
 
     def set_worker(self, url: str, state: str, capacity: int, now: float) -> None: ...
@@ -149,6 +156,11 @@ class AsyncMetadataStore(Protocol):
         prompt_tokens: int,
         cached_tokens: int,
         now: float,
+        releases: Releases = None,
+    ) -> None: ...
+
+    async def aabandon(
+        self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None, now: float,
         releases: Releases = None,
     ) -> None: ...
 

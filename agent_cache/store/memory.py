@@ -187,7 +187,10 @@ class MemoryStore:
         self._touch(key, now_ms)
         w.inflight += 1
         if query.template_id:
-            self._templates.setdefault((query.tenant, query.template_id), {})[url] = now_ms
+            marks = self._templates.setdefault((query.tenant, query.template_id), {})
+            if outcome != "pinned":  # what abandon() restores if this placement's call fails
+                rec["tprev"] = marks.get(url)
+            marks[url] = now_ms
         self._outcomes[outcome] = self._outcomes.get(outcome, 0) + 1
 
     def _release(self, releases: ReleaseBatch | Mapping[str, int] | None) -> None:
@@ -248,6 +251,30 @@ class MemoryStore:
                 st[0] += prompt_tokens
                 st[1] += cached_tokens
                 self._templates.setdefault((tenant, template_id), {})[worker] = now_ms
+
+    def abandon(self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None,
+                now: float, releases: Releases = None) -> None:
+        """The first call of a placement failed: undo it (the pin, its KV estimate, the template mark it set).
+
+        Only if the pin is still that placement's (same worker and epoch); the
+        template mark is restored only if nothing marked it since.
+        """
+        with self._lock:
+            self._release(releases)
+            key = (tenant, session_id)
+            rec = self._sessions.get(key)
+            if rec is None or rec["worker"] != worker or rec["epoch"] != epoch:
+                return
+            del self._sessions[key]
+            self._live.pop(key, None)
+            self._detach(rec)
+            if template_id:
+                marks = self._templates.get((tenant, template_id), {})
+                if marks.get(worker) == rec["last_seen"]:
+                    if rec.get("tprev") is None:
+                        del marks[worker]
+                    else:
+                        marks[worker] = rec["tprev"]
 
     def get_session(self, tenant: str, session_id: str, now: float) -> dict[str, Any] | None:
         with self._lock:
@@ -341,6 +368,10 @@ class MemoryStore:
         releases: Releases = None,
     ) -> None:
         self.report(tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens, now, releases)
+
+    async def aabandon(self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None,
+                       now: float, releases: Releases = None) -> None:
+        self.abandon(tenant, session_id, worker, epoch, template_id, now, releases)
 
     async def aping(self) -> None:
         return None

@@ -153,10 +153,11 @@ class RedisStore:
         self._client = client if client is not None else self._make_sync()
         self._route = self._client.register_script(lua.ROUTE)
         self._report = self._client.register_script(lua.REPORT)
+        self._abandon = self._client.register_script(lua.ABANDON)
         self._release = self._client.register_script(lua.RELEASE)
         self._aclient = async_client
         self._aloop: asyncio.AbstractEventLoop | None = None
-        self._ascripts: tuple[Any, Any, Any] | None = None
+        self._ascripts: tuple[Any, Any, Any, Any] | None = None
 
     # --- clients -----------------------------------------------------------------
 
@@ -203,7 +204,7 @@ class RedisStore:
             return RedisCluster.from_url(self._url_for_client(), **opts)
         return aredis.Redis.from_url(self._url_for_client(), **opts)
 
-    def _async(self) -> tuple[Any, tuple[Any, Any, Any]]:
+    def _async(self) -> tuple[Any, tuple[Any, Any, Any, Any]]:
         # An asyncio client is bound to the loop that created it.
         loop = asyncio.get_running_loop()
         if self._aclient is None or (self.url is not None and self._aloop is not loop):
@@ -214,7 +215,8 @@ class RedisStore:
             self._aloop = loop
         if self._ascripts is None:
             c = self._aclient
-            self._ascripts = (c.register_script(lua.ROUTE), c.register_script(lua.REPORT), c.register_script(lua.RELEASE))
+            self._ascripts = (c.register_script(lua.ROUTE), c.register_script(lua.REPORT),
+                              c.register_script(lua.RELEASE), c.register_script(lua.ABANDON))
         return self._aclient, self._ascripts
 
     def _call(self, fn: Callable[[], T]) -> T:
@@ -264,6 +266,11 @@ class RedisStore:
         args = [self._tag, keys.member(tenant, sid), worker, int(epoch), t, keys.member(tenant, t), int(p), int(c), to_ms(now)]
         return k, args + _release_args(releases)
 
+    def _abandon_args(self, tenant: str, sid: str, worker: str, epoch: int, tid: str | None,
+                      releases: Releases) -> tuple[list[str], list[Any]]:
+        k = [keys.session(self.prefix, tenant, sid), keys.template(self.prefix, tenant, tid or "")]
+        return k, [self._tag, keys.member(tenant, sid), worker, int(epoch)] + _release_args(releases)
+
     # --- sync face ----------------------------------------------------------------
 
     def route(self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None) -> RouteResult:
@@ -295,6 +302,11 @@ class RedisStore:
             tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens, now, releases
         )
         self._call(lambda: self._report(keys=k, args=a))
+
+    def abandon(self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None,
+                now: float, releases: Releases = None) -> None:
+        k, a = self._abandon_args(tenant, session_id, worker, epoch, template_id, releases)
+        self._call(lambda: self._abandon(keys=k, args=a))
 
     def get_session(self, tenant: str, session_id: str, now: float) -> dict[str, Any] | None:
         raw = self._call(lambda: self._client.hgetall(keys.session(self.prefix, tenant, session_id)))
@@ -352,7 +364,7 @@ class RedisStore:
     # --- async face ---------------------------------------------------------------
 
     async def aroute(self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None) -> RouteResult:
-        _, (route, _, _) = self._async()
+        _, (route, _, _, _) = self._async()
         k, a = self._route_args(query, policy, now, releases)
         return self._route_result(await self._acall(route(keys=k, args=a)))
 
@@ -362,7 +374,7 @@ class RedisStore:
     async def arelease_many(self, releases: ReleaseBatch | Mapping[str, int], now: float) -> None:
         args = _release_args(releases)
         if args:
-            _, (_, _, release) = self._async()
+            _, (_, _, release, _) = self._async()
             k = [keys.inflight(self.prefix)]
             await self._acall(release(keys=k, args=[self._tag, *args]))
 
@@ -378,11 +390,17 @@ class RedisStore:
         now: float,
         releases: Releases = None,
     ) -> None:
-        _, (_, report, _) = self._async()
+        _, (_, report, _, _) = self._async()
         k, a = self._report_args(
             tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens, now, releases
         )
         await self._acall(report(keys=k, args=a))
+
+    async def aabandon(self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None,
+                       now: float, releases: Releases = None) -> None:
+        _, (_, _, _, abandon) = self._async()
+        k, a = self._abandon_args(tenant, session_id, worker, epoch, template_id, releases)
+        await self._acall(abandon(keys=k, args=a))
 
     async def aping(self) -> None:
         client, _ = self._async()
@@ -436,7 +454,10 @@ def _decode_record(raw: dict[Any, Any]) -> dict[str, Any]:
     for k, v in raw.items():
         key = k.decode() if isinstance(k, bytes) else k
         val = v.decode() if isinstance(v, bytes) else v
-        rec[key] = int(float(val)) if key in _INT_FIELDS else val
+        if key == "tprev":  # the template mark a placement replaced ('': none)
+            rec[key] = int(float(val)) if val else None
+        else:
+            rec[key] = int(float(val)) if key in _INT_FIELDS else val
     return rec
 
 

@@ -73,7 +73,8 @@ def test_non_retryable_error_propagates_and_releases(fleet):
     with pytest.raises(WorkerBadRequestError):
         router.execute(RouteRequest("s1"), bad)
     assert all(w["inflight"] == 0 for w in router.store.stats(time.time())["workers"].values())
-    assert router.health.state(router.store.get_session("default", "s1", time.time())["worker"]) == "closed"
+    assert all(router.health.state(u) == "closed" for u in fleet.urls)  # a bad request says nothing of health
+    assert router.store.get_session("default", "s1", time.time()) is None  # the rejected call left no pin
     router.close()
 
 

@@ -106,3 +106,31 @@ def test_threads_racing_on_one_session_agree():
     for t in ts:
         t.join()
     assert len(set(seen)) == 1
+
+
+def test_abandon_undoes_a_failed_placement_and_restores_the_template_mark():
+    st = MemoryStore()
+    r1 = st.route(q("s1", est=1000), P, 100.0)
+    st.report("default", "s1", r1.worker, r1.epoch, "t1", 1200, 0, 101.0)  # s1 served: r1.worker holds t1
+    st.release(r1.worker, 101.0)
+    r2 = st.route(q("s2", est=5000), P, 102.0)
+    before = st.stats(102.0)["workers"][r2.worker]
+    assert before["inflight"] == 1 and before["sessions"] >= 1
+    st.abandon("default", "s2", r2.worker, r2.epoch, "t1", 103.0, {r2.worker: 1})
+    assert st.get_session("default", "s2", 103.0) is None
+    after = st.stats(103.0)["workers"][r2.worker]
+    assert after["inflight"] == 0 and after["sessions"] == before["sessions"] - 1
+    assert after["kv_tokens"] == before["kv_tokens"] - 5000 and after["live_sessions"] == before["live_sessions"] - 1
+    # the mark s2's placement set is undone; the one s1's call earned stays
+    assert st.stats(103.0)["templates"]["default/t1"]["workers"] == [r1.worker]
+    assert st.get_session("default", "s1", 103.0)["worker"] == r1.worker
+
+
+def test_abandon_leaves_a_pin_that_a_later_placement_owns_alone():
+    st = MemoryStore()
+    r1 = st.route(q("s1", est=1000), P, 100.0)
+    st.abandon("default", "s1", r1.worker, r1.epoch + 1, "t1", 101.0)  # not this placement's epoch
+    assert st.get_session("default", "s1", 101.0)["worker"] == r1.worker
+    other = B if r1.worker == A else A
+    st.abandon("default", "s1", other, r1.epoch, "t1", 101.0)  # nor its worker
+    assert st.get_session("default", "s1", 101.0) is not None

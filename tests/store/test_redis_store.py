@@ -110,7 +110,7 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
     policy = Policy(live_window=rng.choice([1.0, 5.0, 60.0]), move_factor=rng.choice([1.0, 2.0]),
                     slack=rng.choice([0.0, 1.0, 2.0]))
     now = 1_000.0
-    live: list[tuple[str, str, int, str]] = []
+    live: list[tuple[str, str, int, str, str | None]] = []
     ledger = PendingReleases()  # releases carried by the next route or report, as the router does
     compared = 0
     for _ in range(120):
@@ -131,16 +131,24 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
             assert a == b, (seed, query)
             compared += 1
             if a.worker:
-                live.append((tenant, sid, a.epoch, a.worker))
+                live.append((tenant, sid, a.epoch, a.worker, query.template_id))
         elif op < 0.8 and live:
-            tenant, sid, epoch, worker = live.pop(rng.randrange(len(live)))
+            tenant, sid, epoch, worker, _ = live.pop(rng.randrange(len(live)))
             if rng.random() < 0.5:
                 memory.release(worker, now)
                 rstore.release(worker, now)
             else:
                 ledger.add(worker)
+        elif live and rng.random() < 0.25:  # the call failed: undo the placement (a no-op for a pin)
+            tenant, sid, epoch, worker, tid = rng.choice(live)
+            batch = ledger.take()
+            memory.abandon(tenant, sid, worker, epoch, tid, now, batch)
+            rstore.abandon(tenant, sid, worker, epoch, tid, now, batch)
+            ledger.acknowledge(batch)
+            a_rec, b_rec = memory.get_session(tenant, sid, now), rstore.get_session(tenant, sid, now)
+            assert (a_rec is None) == (b_rec is None), (seed, sid)
         elif live:
-            tenant, sid, epoch, worker = rng.choice(live)
+            tenant, sid, epoch, worker, _ = rng.choice(live)
             p = rng.randint(100, 4000)
             c = rng.randint(0, p)
             tid = rng.choice([None, "t1", "t2"])
@@ -153,6 +161,8 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
         for field in ("inflight", "kv_tokens", "live_sessions", "sessions", "prompt_tokens", "cached_tokens"):
             assert w[field] == rb["workers"].get(url, {}).get(field, 0), (seed, url, field)
     assert ma["outcomes"] == rb["outcomes"]
+    for tid in ("default/t1", "default/t2", "default/t3", "acme/t1", "acme/t2", "acme/t3"):
+        assert (ma["templates"].get(tid, {}).get("workers") == rb["templates"].get(tid, {}).get("workers")), (seed, tid)
     return compared
 
 

@@ -1,0 +1,55 @@
+"""A call the worker rejects leaves nothing behind: no pin, no template mark, no KV estimate.
+
+Real Redis and simulated workers with a short context length, so a long
+prompt is refused with SGLang's 400 before any prefill.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import pytest
+import redis
+from langchain_core.messages import HumanMessage, SystemMessage
+
+from agent_cache import ChatSGLang
+from agent_cache.errors import ContextLengthError
+from agent_cache.routing import Router
+from agent_cache.sim import SimFleet
+from agent_cache.store import RedisStore
+
+
+@pytest.fixture(scope="module")
+def short_fleet() -> Iterator[SimFleet]:
+    with SimFleet(2, time_scale=0.0, context_length=2048) as fleet:
+        yield fleet
+
+
+def test_rejected_calls_leave_no_pin_mark_or_kv_estimate(short_fleet, redis_server, prefix) -> None:
+    store = RedisStore(redis_server.url, prefix=prefix)
+    router = Router(short_fleet.urls, redis_url=redis_server.url, prefix=prefix, probe_interval=None)
+    model = ChatSGLang(model="sim", workers=short_fleet.urls, router=router, max_tokens=4, max_retries=0)
+    too_long = "word " * 5000
+    for i in range(10):
+        with pytest.raises(ContextLengthError):
+            model.invoke([SystemMessage("You are an agent."), HumanMessage(too_long)], session_id=f"big-{i}")
+    router.flush()
+    stats = store.stats(0)
+    for url in short_fleet.urls:
+        w = stats["workers"].get(url, {})
+        assert w.get("inflight", 0) == 0 and w.get("kv_tokens", 0) == 0, (url, w)
+        assert w.get("sessions", 0) == 0 and w.get("live_sessions", 0) == 0, (url, w)
+    assert all(not t["workers"] for t in stats["templates"].values()), stats["templates"]
+    client = redis.Redis.from_url(redis_server.url)
+    try:  # not one session record
+        assert not list(client.scan_iter(f"{{{prefix}}}:s:*")), "a rejected call left a session record"
+    finally:
+        client.close()
+    # a call that fits is placed and pinned as usual afterwards
+    ok = model.invoke([SystemMessage("You are an agent."), HumanMessage("short")], session_id="big-0")
+    assert ok.response_metadata["routing"].startswith("placed")
+    assert store.get_session("default", "big-0", time.time())["worker"] == ok.response_metadata["worker"]
+    model.close()
+    router.close()
+    store.close()
