@@ -168,9 +168,10 @@ class AgentCache(RoutingPolicy):
             self.store = RedisStore(redis_url, prefix=self._prefix)
         else:
             self.store = MemoryStore()
-        # release_delay=0: a finished call is released at once (no timer thread on a virtual clock)
+        # release_delay=0: a finished call is released at once (no timer thread on a virtual clock);
+        # no router dies here, and a lease renewed in real time would lapse on the virtual clock
         self.routers = [Router(self.urls, store=self.store, policy=policy, probe_interval=None, release_delay=0,
-                               capacities={u: capacity for u in self.urls}, clock=self._clock)
+                               capacities={u: capacity for u in self.urls}, clock=self._clock, lease=1e9)
                         for _ in range(self.replicas)]
 
     def _clock(self) -> float:

@@ -20,7 +20,8 @@ from agent_cache.store.base import ReleaseBatch
 
 
 class PendingReleases:
-    """This router's releases: running totals per worker, and how much the store acknowledged (thread-safe).
+    """This router's releases: running totals per worker, how much the store acknowledged, and the calls
+    still in flight (thread-safe).
 
     :meth:`take` returns what is not acknowledged yet as a
     :class:`~agent_cache.store.base.ReleaseBatch`; :meth:`acknowledge` it once a
@@ -37,6 +38,7 @@ class PendingReleases:
         self.source = uuid.uuid4().hex  # this router in this process
         self._released: dict[str, int] = {}
         self._acked: dict[str, int] = {}
+        self._held: dict[str, int] = {}  # calls in flight through the store, per worker (this router's lease)
 
     def _own(self) -> None:
         # A forked child starts afresh, under a source of its own: the parent's
@@ -45,10 +47,29 @@ class PendingReleases:
         if self._pid != os.getpid():
             self._reset()
 
+    def current_source(self) -> str:
+        """This router's source id in this process (a forked child gets its own)."""
+        self._own()
+        return self.source
+
+    def hold(self, worker: str) -> None:
+        """A route through the store counted a call in flight on ``worker``."""
+        self._own()
+        with self._lock:
+            self._held[worker] = self._held.get(worker, 0) + 1
+
+    def held(self) -> dict[str, int]:
+        """Calls in flight through the store per worker, released ones excluded (what the lease should hold)."""
+        self._own()
+        with self._lock:
+            return {w: n for w, n in self._held.items() if n > 0}
+
     def add(self, worker: str, count: int = 1) -> None:
         self._own()
         with self._lock:
             self._released[worker] = self._released.get(worker, 0) + count
+            if worker in self._held:
+                self._held[worker] = max(0, self._held[worker] - count)
 
     def take(self) -> ReleaseBatch | None:
         """What the store has not acknowledged yet (None: nothing)."""

@@ -8,6 +8,7 @@ worker, and rendezvous-hash routing while the store is down.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +36,7 @@ from agent_cache.routing.lifecycle import CallLifecycle
 from agent_cache.routing.metrics import RouterMetrics
 from agent_cache.placement.rule import DOWN, DRAINING, UP, Policy
 from agent_cache.routing.releases import PendingReleases
-from agent_cache.store.base import DEFAULT_PREFIX, DEFAULT_SESSION_TTL, MetadataStore, RouteQuery, WorkerSpec
+from agent_cache.store.base import DEFAULT_PREFIX, DEFAULT_SESSION_TTL, Lease, MetadataStore, RouteQuery, WorkerSpec
 from agent_cache.store.memory import MemoryStore
 
 T = TypeVar("T")
@@ -45,6 +46,10 @@ DEFAULT_PROBE_TIMEOUT = 5.0  # SGLang's /health takes >= 1 s (a one-token genera
 # Agent calls last seconds; 10 ms of staleness does not change a placement,
 # and not paying a round trip per finished call halves the store traffic.
 DEFAULT_RELEASE_DELAY = 0.01
+# How long a router's in-flight counts stand in a shared store without renewal:
+# a client killed mid-call stops renewing, and its counts are reclaimed this
+# long after its last write. Routers renew every lease / 3 while calls run.
+DEFAULT_LEASE = 30.0
 
 
 # outcomes decided without the store: nothing to release or report there
@@ -108,6 +113,7 @@ class Router:
         registry: Any = None,
         clock: Callable[[], float] = time.time,
         release_delay: float = DEFAULT_RELEASE_DELAY,
+        lease: float = DEFAULT_LEASE,
     ) -> None:
         self._workers: list[WorkerConfig] = parse_workers(workers)
         self._pools = parse_pools(pools, {w.pool for w in self._workers})
@@ -119,6 +125,8 @@ class Router:
             raise ConfigError("probe_interval", f"must be > 0 or None, got {probe_interval}")
         if not isinstance(release_delay, (int, float)) or release_delay < 0:
             raise ConfigError("release_delay", f"must be a number of seconds >= 0, got {release_delay!r}")
+        if not isinstance(lease, (int, float)) or lease <= 0:
+            raise ConfigError("lease", f"must be a number of seconds > 0, got {lease!r}")
         if redis_url is not None:
             from agent_cache.store.redis_store import RedisStore
 
@@ -134,6 +142,9 @@ class Router:
         self._pending = PendingReleases()
         remote = getattr(self.store, "round_trip", True)  # the memory store releases for free
         self._flusher = Flusher(release_delay, self.flush, "agent-cache-release") if remote and release_delay > 0 else None
+        self.lease = lease
+        # a router with calls in flight renews its lease in the background (see renew)
+        self._renewer = Flusher(lease / 3, self._renew_loop, "agent-cache-lease") if remote else None
         self._lock = threading.Lock()
         self.health = HealthTracker(failure_threshold, cooldown)
         self.availability = StoreAvailability()
@@ -229,7 +240,35 @@ class Router:
     def _from_result(self, request: RouteRequest, query: RouteQuery, result: Any) -> Placement:
         if result.worker is None:
             raise NoHealthyWorkerError(f"no healthy worker in pool {query.pool!r}")
+        self._pending.hold(result.worker)
+        if self._renewer is not None:
+            self._renewer.kick()
         return self._placed(request, query, result.worker, result.outcome, result.epoch)
+
+    def _lease(self) -> Lease:
+        return Lease(self._pending.current_source(), self.lease)
+
+    def renew(self) -> None:
+        """Tell the store what this router really has in flight and renew its lease (one round trip).
+
+        Runs every ``lease / 3`` seconds in the background while calls are in
+        flight; it also corrects a count whose route reply was lost (a timeout
+        during a store freeze).
+        """
+        if self.availability.degraded:
+            return
+        releases = self._pending.take()
+        try:
+            self.store.renew(self._lease(), self._pending.held(), self._clock(), releases)
+        except StoreError as exc:
+            self._store_failed(exc)
+        else:
+            self._pending.acknowledge(releases)
+
+    def _renew_loop(self) -> None:
+        self.renew()
+        if self._pending.held() and self._renewer is not None:
+            self._renewer.kick()  # calls still in flight: renew again in lease / 3
 
     def route(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = frozenset()) -> Placement:
         """Pick the worker for one call and count it in flight; pair with :meth:`done`."""
@@ -238,7 +277,7 @@ class Router:
             releases = self._pending.take()
             t0 = time.perf_counter()
             try:
-                result = self.store.route(query, self.policy, self._clock(), releases)
+                result = self.store.route(query, self.policy, self._clock(), releases, self._lease())
             except StoreUnavailableError as exc:
                 self.availability.failed(exc)
                 self.metrics.degraded.set(1)
@@ -381,7 +420,8 @@ class Router:
             releases = self._pending.take()
             t0 = time.perf_counter()
             try:
-                result = await astore.aroute(query, self.policy, self._clock(), releases)  # type: ignore[attr-defined]
+                result = await astore.aroute(  # type: ignore[attr-defined]
+                    query, self.policy, self._clock(), releases, self._lease())
             except StoreUnavailableError as exc:
                 self.availability.failed(exc)
                 self.metrics.degraded.set(1)
@@ -530,7 +570,11 @@ class Router:
         self._stop.set()
         if self._flusher is not None:
             self._flusher.close()
-        self.flush()
+        if self._renewer is not None:
+            self._renewer.close()
+            self.renew()  # releases what is owed and ends this router's lease
+        else:
+            self.flush()
         if self._probe_thread is not None:
             self._probe_thread.join(timeout=5)
         for c in self._clients.values():
@@ -546,7 +590,7 @@ class Router:
         aclose = getattr(self.store, "aclose", None)
         if aclose is not None:
             await aclose()
-        self.close()
+        await asyncio.to_thread(self.close)  # its last writes are sync: off the event loop
 
     def __enter__(self) -> "Router":
         return self

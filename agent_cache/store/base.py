@@ -51,6 +51,19 @@ class ReleaseBatch:
 Releases = Optional[ReleaseBatch]
 
 
+@dataclass(frozen=True)
+class Lease:
+    """Whose in-flight count a route adds, and how long that count stands unless renewed.
+
+    ``source`` is the router (as in :class:`ReleaseBatch`). A router that
+    stops renewing (its process died) loses its counts after ``seconds``
+    (stores behind a network; the in-process store dies with its router).
+    """
+
+    source: str
+    seconds: float
+
+
 def to_ms(now: float) -> int:
     return int(now * 1000)
 
@@ -93,7 +106,13 @@ class MetadataStore(Protocol):
     session_ttl: float
     template_window: float
 
-    def route(self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None) -> RouteResult: ...
+    def route(
+        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None
+    ) -> RouteResult: ...
+
+    def renew(self, lease: Lease, held: Mapping[str, int], now: float, releases: Releases = None) -> None:
+        """Set ``lease.source``'s in-flight counts to ``held`` (worker URL -> calls) and renew its lease."""
+        ...
 
     def release(self, worker: str, now: float) -> None: ...
 
@@ -140,7 +159,9 @@ class MetadataStore(Protocol):
 class AsyncMetadataStore(Protocol):
     """Async face: same operations, awaitable."""
 
-    async def aroute(self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None) -> RouteResult: ...
+    async def aroute(
+        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None
+    ) -> RouteResult: ...
 
     async def arelease(self, worker: str, now: float) -> None: ...
 

@@ -63,6 +63,16 @@ def inflight(prefix: str) -> str:
     return f"{tag(prefix)}:inflight"
 
 
+def leases(prefix: str) -> str:
+    """Sorted set: router source -> when its lease on its in-flight counts ends (ms)."""
+    return f"{tag(prefix)}:leases"
+
+
+def lease(prefix: str, source: str) -> str:
+    """Hash: worker URL -> calls one router (source) has in flight there."""
+    return f"{tag(prefix)}:lease:{source}"
+
+
 def kv_tokens(prefix: str) -> str:
     """Hash: worker URL -> footprint, the KV tokens held by its live sessions (used within the live window)."""
     return f"{tag(prefix)}:kv"

@@ -28,11 +28,48 @@ local function apply_releases(tag, first)
     if count > 0 then
       -- never below zero, even after a Redis restart lost the increment
       if redis.call('HINCRBY', key, url, -count) < 0 then redis.call('HSET', key, url, 0) end
-      if source ~= '' then redis.call('HSET', rkey, url, total) end
+      if source ~= '' then
+        redis.call('HSET', rkey, url, total)
+        local lk = tag .. ':lease:' .. source
+        if redis.call('HINCRBY', lk, url, -count) < 0 then redis.call('HSET', lk, url, 0) end
+      end
     end
   end
-  -- a router that released nothing for a day starts over from its deltas
-  if source ~= '' then redis.call('PEXPIRE', rkey, 86400000) end
+  -- a router that released nothing for a day starts over from its deltas (only after
+  -- a release: at maxmemory a first write that is not refused would let the script grow memory)
+  if source ~= '' and #ARGV > first then
+    redis.call('PEXPIRE', rkey, 86400000)
+    redis.call('PEXPIRE', tag .. ':lease:' .. source, 86400000)  -- a no-op when it does not exist
+  end
+end
+"""
+
+# In-flight counts are leases: ':lease:<source>' holds what one router has in
+# flight per worker, and ':leases' when each router's lease ends unless renewed
+# (every route renews it; a router with calls in flight renews it in the
+# background). A router that died (a killed client) stops renewing, and the
+# next route or renewal by anyone takes its counts out of ':inflight'.
+_LEASES = r"""
+local function reclaim_leases(tag, now)
+  local lz, ikey = tag .. ':leases', tag .. ':inflight'
+  for _, src in ipairs(redis.call('ZRANGEBYSCORE', lz, '-inf', '(' .. tostring(now), 'LIMIT', 0, 16)) do
+    local lk = tag .. ':lease:' .. src
+    local held = redis.call('HGETALL', lk)
+    redis.call('DEL', lk)
+    redis.call('ZREM', lz, src)
+    for i = 1, #held, 2 do
+      local c = tonumber(held[i + 1])
+      if c > 0 and redis.call('HINCRBY', ikey, held[i], -c) < 0 then redis.call('HSET', ikey, held[i], 0) end
+    end
+  end
+end
+
+local function hold(tag, source, url, now, lease_ms)
+  if source == nil or source == '' or lease_ms <= 0 then return end
+  local lk = tag .. ':lease:' .. source
+  redis.call('HINCRBY', lk, url, 1)
+  redis.call('PEXPIRE', lk, 86400000)
+  redis.call('ZADD', tag .. ':leases', tostring(now + lease_ms), source)
 end
 """
 
@@ -89,7 +126,7 @@ local function purge(tag, idle, cutoff)
 end
 """
 
-ROUTE = _APPLY_RELEASES + _FOOTPRINT + _PURGE + r"""
+ROUTE = _APPLY_RELEASES + _FOOTPRINT + _PURGE + _LEASES + r"""
 local tag, member, tid, pool, tenant, sid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local now = tonumber(ARGV[7])
 local ttl = tonumber(ARGV[8])
@@ -103,8 +140,10 @@ local skey, tkey = KEYS[1], KEYS[2]
 local ikey, kvkey, ankey = tag .. ':inflight', tag .. ':kv', tag .. ':an'
 local cutoff = now - ttl
 
+local lease_ms = tonumber(ARGV[16])
 purge(tag, now - live_window, cutoff)  -- first: it frees memory even when Redis is at maxmemory
-apply_releases(tag, 16)
+reclaim_leases(tag, now)
+apply_releases(tag, 17)
 
 local rec = redis.call('HMGET', skey, 'worker', 'epoch', 'last_cached', 'prev_cached', 'last_seen', 'held', 'steps',
   'active')
@@ -250,6 +289,7 @@ redis.call('HSET', skey, 'last_seen', tostring(now), 'steps', steps + 1, 'held',
 redis.call('ZADD', tag .. ':live', tostring(now), member)
 redis.call('ZADD', tag .. ':act', tostring(now), member)
 redis.call('HINCRBY', ikey, chosen, 1)
+hold(tag, ARGV[17], chosen, now, lease_ms)
 if tid ~= '' then
   if outcome ~= 'pinned' then  -- what ABANDON restores if this placement's call fails
     redis.call('HSET', skey, 'tprev', redis.call('ZSCORE', tkey, chosen) or '')
@@ -313,6 +353,41 @@ if mark and tonumber(mark) == tonumber(rec[5]) then
   else
     redis.call('ZREM', KEYS[2], worker)
   end
+end
+return 1
+"""
+
+# KEYS: the in-flight hash. ARGV: tag, now (ms), lease (ms), the router's calls
+# in flight per worker ("url count" lines), then its release batch (source
+# first). Sets the router's lease to what it really has in flight (a count
+# left by a reply that never arrived is corrected here) and renews it.
+RENEW = _APPLY_RELEASES + _LEASES + r"""
+local tag, now, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+apply_releases(tag, 5)
+reclaim_leases(tag, now)
+local source, ikey = ARGV[5], KEYS[1]
+local lk = tag .. ':lease:' .. source
+local truth, total = {}, 0
+for url, c in string.gmatch(ARGV[4], '(%S+) (%d+)\n') do truth[url] = tonumber(c); total = total + tonumber(c) end
+local held = redis.call('HGETALL', lk)
+redis.call('DEL', lk)
+for i = 1, #held, 2 do
+  local url, c = held[i], tonumber(held[i + 1])
+  local diff = (truth[url] or 0) - c
+  if diff ~= 0 and redis.call('HINCRBY', ikey, url, diff) < 0 then redis.call('HSET', ikey, url, 0) end
+  truth[url] = -(truth[url] or 0) - 1  -- done: the loop below skips it
+end
+for url, c in pairs(truth) do
+  if c > 0 then redis.call('HINCRBY', ikey, url, c) end
+end
+for url, c in string.gmatch(ARGV[4], '(%S+) (%d+)\n') do
+  if tonumber(c) > 0 then redis.call('HSET', lk, url, c) end
+end
+if total > 0 then
+  redis.call('PEXPIRE', lk, 86400000)
+  redis.call('ZADD', tag .. ':leases', tostring(now + lease_ms), source)
+else
+  redis.call('ZREM', tag .. ':leases', source)
 end
 return 1
 """

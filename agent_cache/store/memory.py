@@ -16,6 +16,7 @@ from agent_cache.placement.rule import PinView, Policy, Snapshot, WorkerView, ch
 from agent_cache.store.base import (
     DEFAULT_SESSION_TTL,
     DEFAULT_TEMPLATE_WINDOW,
+    Lease,
     ReleaseBatch,
     Releases,
     RouteQuery,
@@ -126,7 +127,10 @@ class MemoryStore:
 
     # --- sync face ------------------------------------------------------------
 
-    def route(self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None) -> RouteResult:
+    def route(
+        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None
+    ) -> RouteResult:
+        # ``lease`` is not needed here: this store lives and dies with its router
         now_ms = to_ms(now)
         key = (query.tenant, query.session_id)
         with self._lock:
@@ -209,6 +213,9 @@ class MemoryStore:
                 w.inflight = max(0, w.inflight - count)
                 if source:
                     self._released[(source, url)] = total
+
+    def renew(self, lease: Lease, held: Mapping[str, int], now: float, releases: Releases = None) -> None:
+        self.release_many(releases or {}, now)  # no leases in process: only the owed releases
 
     def release(self, worker: str, now: float) -> None:
         self.release_many({worker: 1}, now)
@@ -346,8 +353,10 @@ class MemoryStore:
 
     # --- async face -----------------------------------------------------------
 
-    async def aroute(self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None) -> RouteResult:
-        return self.route(query, policy, now, releases)
+    async def aroute(
+        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None
+    ) -> RouteResult:
+        return self.route(query, policy, now, releases, lease)
 
     async def arelease(self, worker: str, now: float) -> None:
         self.release(worker, now)

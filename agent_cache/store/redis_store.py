@@ -23,6 +23,7 @@ from agent_cache.store.base import (
     DEFAULT_PREFIX,
     DEFAULT_SESSION_TTL,
     DEFAULT_TEMPLATE_WINDOW,
+    Lease,
     ReleaseBatch,
     Releases,
     RouteQuery,
@@ -154,6 +155,7 @@ class RedisStore:
         self._route = self._client.register_script(lua.ROUTE)
         self._report = self._client.register_script(lua.REPORT)
         self._abandon = self._client.register_script(lua.ABANDON)
+        self._renew = self._client.register_script(lua.RENEW)
         self._release = self._client.register_script(lua.RELEASE)
         self._aclient = async_client
         self._aloop: asyncio.AbstractEventLoop | None = None
@@ -236,7 +238,7 @@ class RedisStore:
     # --- argument builders (shared by both faces) --------------------------------
 
     def _route_args(
-        self, q: RouteQuery, policy: Policy, now: float, releases: Releases
+        self, q: RouteQuery, policy: Policy, now: float, releases: Releases, lease: Lease | None
     ) -> tuple[list[str], list[Any]]:
         tid = q.template_id or ""
         k = [keys.session(self.prefix, q.tenant, q.session_id), keys.template(self.prefix, q.tenant, tid)]
@@ -244,9 +246,9 @@ class RedisStore:
             self._tag, keys.member(q.tenant, q.session_id), tid, q.pool, q.tenant, q.session_id,
             to_ms(now), to_ms(self.session_ttl), to_ms(self.template_window),
             *_policy_args(policy), int(q.prompt_tokens_estimate), keys.member(q.tenant, tid),
-            _workers_arg(q.workers),
+            _workers_arg(q.workers), to_ms(lease.seconds) if lease else 0,
         ]  # fmt: skip
-        return k, args + _release_args(releases)
+        return k, args + _release_args(releases, lease.source if lease else None)
 
     @staticmethod
     def _route_result(raw: list[Any]) -> RouteResult:
@@ -273,9 +275,17 @@ class RedisStore:
 
     # --- sync face ----------------------------------------------------------------
 
-    def route(self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None) -> RouteResult:
-        k, a = self._route_args(query, policy, now, releases)
+    def route(
+        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None
+    ) -> RouteResult:
+        k, a = self._route_args(query, policy, now, releases, lease)
         return self._route_result(self._call(lambda: self._route(keys=k, args=a)))
+
+    def renew(self, lease: Lease, held: Mapping[str, int], now: float, releases: Releases = None) -> None:
+        truth = "".join(f"{url} {int(n)}\n" for url, n in held.items() if n > 0)
+        args = [self._tag, to_ms(now), to_ms(lease.seconds), truth, *_release_args(releases, lease.source)]
+        k = [keys.inflight(self.prefix)]
+        self._call(lambda: self._renew(keys=k, args=args))
 
     def release(self, worker: str, now: float) -> None:
         self.release_many({worker: 1}, now)
@@ -363,9 +373,11 @@ class RedisStore:
 
     # --- async face ---------------------------------------------------------------
 
-    async def aroute(self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None) -> RouteResult:
+    async def aroute(
+        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None
+    ) -> RouteResult:
         _, (route, _, _, _) = self._async()
-        k, a = self._route_args(query, policy, now, releases)
+        k, a = self._route_args(query, policy, now, releases, lease)
         return self._route_result(await self._acall(route(keys=k, args=a)))
 
     async def arelease(self, worker: str, now: float) -> None:
@@ -436,13 +448,14 @@ def _workers_arg(workers: tuple[WorkerSpec, ...]) -> str:
     return "".join(f"{w.url} {w.state} {int(w.capacity)}\n" for w in workers)
 
 
-def _release_args(releases: ReleaseBatch | Mapping[str, int] | None) -> list[Any]:
-    """A release batch as the scripts' trailing arguments: source, then ``url, total, delta`` triples."""
-    if releases is None:
-        return []
-    releases = ReleaseBatch.of(releases)
-    if not releases.totals:
-        return []
+def _release_args(releases: ReleaseBatch | Mapping[str, int] | None, source: str | None = None) -> list[Any]:
+    """A release batch as the scripts' trailing arguments: source, then ``url, total, delta`` triples.
+
+    ``source``: the router to name even with nothing to release (its lease).
+    """
+    releases = ReleaseBatch.of(releases) if releases is not None else None
+    if releases is None or not releases.totals:
+        return [source] if source else []
     out: list[Any] = [releases.source]
     for url, total in releases.totals.items():
         out += [url, int(total), int(releases.deltas[url])]
@@ -480,6 +493,10 @@ def _collect_stats(store: RedisStore, client: Any, now: float) -> dict[str, Any]
         pipe.hgetall(keys.template_stats(p, tenant, tid))
     pipe.hgetall(keys.outcomes(p))
     inflight, kv, live_sessions, *res = pipe.execute()
+    # counts of routers whose lease ended (killed clients): the next route reclaims them; not counted here
+    for source in client.zrangebyscore(keys.leases(p), "-inf", f"({now_ms}"):
+        for url, count in client.hgetall(keys.lease(p, source.decode())).items():
+            inflight[url] = max(0, int(inflight.get(url, 0)) - int(count))
     out_workers: dict[str, Any] = {}
     for i, url in enumerate(workers):
         h = {k.decode(): v.decode() for k, v in res[i].items()}
