@@ -20,7 +20,7 @@ from langchain_core.language_models.chat_models import (
 from langchain_core.messages import LC_ID_PREFIX, AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import JsonOutputKeyToolsParser, PydanticToolsParser
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
@@ -33,10 +33,11 @@ from agent_cache.errors import ConfigError, TemplateError
 from agent_cache.routing.lifecycle import Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.templates import Templater, TemplateRegistry
-from agent_cache.langchain.messages import to_ai_chunk, to_ai_message, to_openai_messages, usage_metadata
+from agent_cache.langchain.messages import to_ai_chunk, to_openai_messages, usage_metadata
 from agent_cache.langchain.sessions import resolve_session_id, session_from_config
 
 _RETRY_BASE = 0.2  # seconds; doubles per attempt
+DEFAULT_PROBE_INTERVAL = 5.0  # active /health probes when there is more than one worker to fail over to
 
 # kwargs of a call that configure this model rather than the request body
 _LOCAL_KWARGS = (
@@ -73,6 +74,7 @@ class ChatSGLang(BaseChatModel):
     temperature: float | None = None
     max_tokens: int | None = None
     timeout: float | None = 120.0
+    stall_timeout: float | None = 30.0
     max_retries: int = 2
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
@@ -115,6 +117,10 @@ class ChatSGLang(BaseChatModel):
             kwargs["workers"] = [normalize_worker_url(u, f"workers[{i}]") for i, u in enumerate(workers)]
         if kwargs.get("max_retries", 0) < 0:
             raise ConfigError("max_retries", f"must be >= 0, got {kwargs['max_retries']}")
+        for name in ("timeout", "stall_timeout"):
+            value = kwargs.get(name)
+            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+                raise ConfigError(name, f"must be a number of seconds > 0 or None, got {value!r}")
         try:
             super().__init__(**kwargs)
         except ValidationError as exc:
@@ -131,11 +137,11 @@ class ChatSGLang(BaseChatModel):
         if router is None:
             if self.redis_url is None and os.environ.get("AGENT_CACHE_REDIS_URL"):
                 self.redis_url = os.environ["AGENT_CACHE_REDIS_URL"]
-            router = Router(
-                [self.base_url] if self.base_url else list(self.workers or []),
-                redis_url=self.redis_url,
-                probe_interval=self.health_probe_interval,
-            )
+            urls = [self.base_url] if self.base_url else list(self.workers or [])
+            interval = self.health_probe_interval
+            if "health_probe_interval" not in self.model_fields_set and len(urls) > 1:
+                interval = DEFAULT_PROBE_INTERVAL  # a hung worker is found without a call waiting on it
+            router = Router(urls, redis_url=self.redis_url, probe_interval=interval)
         try:
             self._templater = Templater(
                 self.templates,
@@ -207,11 +213,6 @@ class ChatSGLang(BaseChatModel):
             return False  # _generate/_agenerate stream themselves when asked to
         return super()._should_stream(async_api=async_api, run_manager=run_manager, **kwargs)
 
-    def _streamed(self, async_api: bool, run_manager: Any, kwargs: dict[str, Any]) -> bool:
-        """Whether a whole-message call should stream (streaming=True, stream=True, or a streaming handler)."""
-        rest = {k: v for k, v in kwargs.items() if k != "_whole_message"}
-        return super()._should_stream(async_api=async_api, run_manager=run_manager, **rest)
-
     def stream(
         self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[AIMessageChunk]:
@@ -273,10 +274,12 @@ class ChatSGLang(BaseChatModel):
         stop: list[str] | None,
         run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
         kwargs: dict[str, Any],
+        whole: bool = False,
     ) -> _Call:
         kwargs = dict(kwargs)
         session_id = resolve_session_id(kwargs.get("session_id"), run_manager, kwargs.get("_config_session"))
-        include_usage = bool(kwargs.get("stream_usage", self.stream_usage))
+        # a whole message always carries its usage; a stream only if asked (stream_usage)
+        include_usage = whole or bool(kwargs.get("stream_usage", self.stream_usage))
         call_variables = kwargs.get("template_variables")  # read before the local kwargs are stripped
         for name in _LOCAL_KWARGS:
             kwargs.pop(name, None)
@@ -313,6 +316,11 @@ class ChatSGLang(BaseChatModel):
             "routing": placement.outcome,
         }
 
+    def _read_timeout(self) -> float | None:
+        """Longest wait for the worker's next bytes (the first token included) in a streamed call."""
+        bounds = [t for t in (self.timeout, self.stall_timeout) if t is not None]
+        return min(bounds) if bounds else None
+
     def _lifecycle(self, call: _Call) -> CallLifecycle:
         # after a failure the next try may use a worker whose breaker is open: the
         # evidence may be stale (a restart), and the backoff paces the trial
@@ -321,11 +329,10 @@ class ChatSGLang(BaseChatModel):
 
     # --- non-streaming ------------------------------------------------------------
 
-    def _result(self, call: _Call, placement: Placement, result: Any) -> ChatResult:
-        cached = (result.usage.cached_tokens or 0) if result.usage else None
-        meta = self._metadata(call, placement, result.model, result.finish_reason, cached)
-        message = to_ai_message(result, meta)
-        return ChatResult(generations=[ChatGeneration(message=message)], llm_output={"model_name": meta["model_name"]})
+    # A whole-message call (invoke, ainvoke, generate) is streamed from the
+    # worker too and assembled here: a worker that sends nothing for
+    # stall_timeout seconds, or whose stream breaks, fails the attempt, and
+    # the call is retried on another worker since nothing reached the caller.
 
     def _generate(
         self,
@@ -334,22 +341,13 @@ class ChatSGLang(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        streamed = self._streamed(False, run_manager, kwargs)
-        call = self._prepare(messages, stop, run_manager, kwargs)
+        call = self._prepare(messages, stop, run_manager, kwargs, whole=True)
         life = self._lifecycle(call)
-        if streamed:
-            for _ in life.stream(lambda attempt: self._stream_attempt(call, attempt, run_manager, live=False)):
-                pass
-            assert life.result is not None
-            (state, chunks), placement = life.result
-            return generate_from_stream(iter([*chunks, self._final_chunk(call, placement, state)]))
-
-        def chat(placement: Placement) -> tuple[Any, Usage | None]:
-            result = self._client(placement.worker).chat(call.messages, model=call.model, **call.params)
-            return result, result.usage
-
-        result, placement = life.run(chat)
-        return self._result(call, placement, result)
+        for _ in life.stream(lambda attempt: self._stream_attempt(call, attempt, run_manager, live=False)):
+            pass
+        assert life.result is not None
+        (state, chunks), placement = life.result
+        return generate_from_stream(iter([*chunks, self._final_chunk(call, placement, state)]))
 
     async def _agenerate(
         self,
@@ -358,22 +356,13 @@ class ChatSGLang(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        streamed = self._streamed(True, run_manager, kwargs)
-        call = self._prepare(messages, stop, run_manager, kwargs)
+        call = self._prepare(messages, stop, run_manager, kwargs, whole=True)
         life = self._lifecycle(call)
-        if streamed:
-            async for _ in life.astream(lambda attempt: self._astream_attempt(call, attempt, run_manager, live=False)):
-                pass
-            assert life.result is not None
-            (state, chunks), placement = life.result
-            return await agenerate_from_stream(_aiter([*chunks, self._final_chunk(call, placement, state)]))
-
-        async def chat(placement: Placement) -> tuple[Any, Usage | None]:
-            result = await self._aclient(placement.worker).chat(call.messages, model=call.model, **call.params)
-            return result, result.usage
-
-        result, placement = await life.arun(chat)
-        return self._result(call, placement, result)
+        async for _ in life.astream(lambda attempt: self._astream_attempt(call, attempt, run_manager, live=False)):
+            pass
+        assert life.result is not None
+        (state, chunks), placement = life.result
+        return await agenerate_from_stream(_aiter([*chunks, self._final_chunk(call, placement, state)]))
 
     # --- streaming ------------------------------------------------------------------
 
@@ -418,7 +407,8 @@ class ChatSGLang(BaseChatModel):
         state: dict[str, Any] = {}
         chunks: list[ChatGenerationChunk] = []
         raw_chunks = self._client(attempt.placement.worker).stream_chat(
-            call.messages, model=call.model, include_usage=call.include_usage, **call.params
+            call.messages, model=call.model, include_usage=call.include_usage, timeout=self._read_timeout(),
+            **call.params
         )
         for raw in raw_chunks:
             out = self._track(state, raw)
@@ -437,7 +427,8 @@ class ChatSGLang(BaseChatModel):
         state: dict[str, Any] = {}
         chunks: list[ChatGenerationChunk] = []
         raw_chunks = self._aclient(attempt.placement.worker).stream_chat(
-            call.messages, model=call.model, include_usage=call.include_usage, **call.params
+            call.messages, model=call.model, include_usage=call.include_usage, timeout=self._read_timeout(),
+            **call.params
         )
         async for raw in raw_chunks:
             out = self._track(state, raw)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -17,9 +16,8 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_core.messages.tool import tool_call_chunk
-from langchain_core.output_parsers.openai_tools import make_invalid_tool_call, parse_tool_call
 
-from agent_cache.backends.protocol import ChatChunk, ChatResult
+from agent_cache.backends.protocol import ChatChunk
 from agent_cache.errors import ConfigError
 
 
@@ -91,30 +89,6 @@ def usage_metadata(prompt: int, completion: int, cached: int) -> dict[str, Any]:
         "total_tokens": prompt + completion,
         "input_token_details": {"cache_read": cached},
     }
-
-
-def to_ai_message(result: ChatResult, response_metadata: dict[str, Any]) -> AIMessage:
-    """A completion as an AIMessage, with parsed and unparsable tool calls."""
-    tool_calls, invalid = [], []
-    for call in result.tool_calls:
-        raw = {"id": call.id, "function": {"name": call.name, "arguments": call.arguments}}
-        try:
-            tool_calls.append(parse_tool_call(raw, return_id=True))
-        except OutputParserException as exc:
-            invalid.append(make_invalid_tool_call(raw, str(exc)))
-    usage = result.usage
-    extra = {"reasoning_content": result.reasoning_content} if result.reasoning_content else {}
-    return AIMessage(
-        content=result.content or "",
-        tool_calls=tool_calls,
-        invalid_tool_calls=invalid,
-        additional_kwargs=extra,
-        response_metadata=response_metadata,
-        id=result.id or None,
-        usage_metadata=usage_metadata(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens or 0)
-        if usage
-        else None,
-    )
 
 
 def to_ai_chunk(chunk: ChatChunk) -> AIMessageChunk:

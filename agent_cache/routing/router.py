@@ -9,8 +9,10 @@ worker, and rendezvous-hash routing while the store is down.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
@@ -156,7 +158,8 @@ class Router:
         self._probe_thread: threading.Thread | None = None
         self._clients: dict[str, SGLangClient] = {}
         if probe_interval is not None:
-            self._probe_thread = threading.Thread(target=self._probe_loop, name="agent-cache-probe", daemon=True)
+            self._probe_thread = threading.Thread(target=self._probe_loop, args=(weakref.ref(self), probe_interval,
+                                                  self._stop), name="agent-cache-probe", daemon=True)
             self._probe_thread.start()
 
     # --- configuration --------------------------------------------------------------
@@ -556,14 +559,21 @@ class Router:
         for url, w in stats["workers"].items():
             self.metrics.live_sessions.labels(url).set(w["sessions"])
 
-    def _probe_loop(self) -> None:
-        assert self._probe_interval is not None
-        while not self._stop.is_set():
+    @staticmethod
+    def _probe_loop(ref: "weakref.ref[Router]", interval: float, stop: threading.Event) -> None:
+        # holds the router only while probing: a router dropped without close() ends its thread
+        while not stop.is_set() and not sys.is_finalizing():
+            router = ref()
+            if router is None:
+                return
             try:
-                self.probe_once()
+                router.probe_once()
             except Exception:  # never let the prober die silently
+                if sys.is_finalizing():
+                    return
                 logger.exception("health probe loop error")
-            self._stop.wait(self._probe_interval)
+            del router
+            stop.wait(interval)
 
     def close(self) -> None:
         """Stop the background threads, write pending releases, close the store and clients."""

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import pytest
 from langchain_core.messages import HumanMessage
 from starlette.applications import Starlette
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from agent_cache import ChatSGLang
@@ -38,7 +38,10 @@ class _CutWorker:
 
             return StreamingResponse(body(), media_type="text/event-stream")
 
-        return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+        async def health(request: Any) -> Response:  # healthy until the stream breaks
+            return Response(status_code=200)
+
+        return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/health", health)])
 
 
 @pytest.fixture

@@ -1,0 +1,57 @@
+"""A worker that hangs (SIGSTOP) mid-run: steps go on elsewhere after the stall deadline, none fails.
+
+Two simulated worker processes; the one serving the session is frozen
+between steps. Nothing is mocked: the frozen process keeps its socket open
+and accepts connections, as a hung GPU worker does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+from langchain_core.messages import HumanMessage, SystemMessage
+
+from agent_cache import ChatSGLang
+from agent_cache.bench.realfleet import Processes, SimWorkers
+
+STALL = 1.0
+SYSTEM = "You are a careful agent. " * 20
+
+
+def _frozen(workers: SimWorkers, url: str):
+    return workers._procs[workers.urls.index(url)].popen  # noqa: SLF001 - the test owns these processes
+
+
+def test_steps_survive_a_hung_worker_within_the_stall_deadline_plus_a_retry() -> None:
+    with Processes() as procs:
+        workers = SimWorkers(procs, 2, time_scale=0.0, capacity_tokens=100_000)
+        model = ChatSGLang(model="sim", workers=workers.urls, stall_timeout=STALL, max_tokens=8,
+                           health_probe_interval=None)
+        history = [SystemMessage(SYSTEM), HumanMessage("step 0")]
+        first = model.invoke(history, session_id="agent-1")
+        hung = _frozen(workers, first.response_metadata["worker"])
+        hung.send_signal(signal.SIGSTOP)
+        try:
+            durations, served = [], []
+            for k in range(1, 4):
+                history += [first, HumanMessage(f"step {k}")]
+                t0 = time.perf_counter()
+                msg = model.invoke(history, session_id="agent-1")
+                durations.append(time.perf_counter() - t0)
+                served.append(msg.response_metadata["worker"])
+            assert all(w != first.response_metadata["worker"] for w in served)  # 0 failed steps, all elsewhere
+            # the first step after the freeze waits out the stall deadline once, plus the retry
+            assert durations[0] < STALL + 0.2 + 3.0, durations
+            assert max(durations[1:]) < STALL + 3.0, durations
+
+            async def step() -> str:
+                msg = await model.ainvoke(history + [HumanMessage("async step")], session_id="agent-1")
+                return msg.response_metadata["worker"]
+
+            assert asyncio.run(step()) != first.response_metadata["worker"]
+        finally:
+            hung.send_signal(signal.SIGCONT)
+            model.close()
+            workers.close()
