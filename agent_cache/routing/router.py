@@ -38,7 +38,15 @@ from agent_cache.routing.lifecycle import CallLifecycle
 from agent_cache.routing.metrics import RouterMetrics
 from agent_cache.placement.rule import DOWN, DRAINING, UP, Policy
 from agent_cache.routing.releases import PendingReleases
-from agent_cache.store.base import DEFAULT_PREFIX, DEFAULT_SESSION_TTL, Lease, MetadataStore, RouteQuery, WorkerSpec
+from agent_cache.store.base import (
+    DEFAULT_PREFIX,
+    DEFAULT_SESSION_TTL,
+    Lease,
+    MetadataStore,
+    RouteQuery,
+    UsageReport,
+    WorkerSpec,
+)
 from agent_cache.store.memory import MemoryStore
 
 T = TypeVar("T")
@@ -142,6 +150,9 @@ class Router:
         # in-flight counts placed through the store but not yet released there:
         # deferred to the next store write, or owed while the store is unreachable
         self._pending = PendingReleases()
+        # usage reports queued for the next store write, like the releases
+        self._reports: list[UsageReport] = []
+        self._reports_lock = threading.Lock()
         remote = getattr(self.store, "round_trip", True)  # the memory store releases for free
         self._flusher = Flusher(release_delay, self.flush, "agent-cache-release") if remote and release_delay > 0 else None
         self.lease = lease
@@ -279,8 +290,9 @@ class Router:
         if self.availability.should_try():
             releases = self._pending.take()
             t0 = time.perf_counter()
+            reports = self._take_reports()
             try:
-                result = self.store.route(query, self.policy, self._clock(), releases, self._lease())
+                result = self.store.route(query, self.policy, self._clock(), releases, self._lease(), reports)
             except StoreUnavailableError as exc:
                 self.availability.failed(exc)
                 self.metrics.degraded.set(1)
@@ -325,32 +337,62 @@ class Router:
         return True
 
     def flush(self) -> None:
-        """Write pending in-flight releases to the store now."""
+        """Write pending in-flight releases and queued usage reports to the store now (one round trip)."""
         if self.availability.degraded:
             return
         releases = self._pending.take()
-        if releases is None:
+        reports = self._take_reports()
+        if releases is None and not reports:
             return
         try:
-            self.store.release_many(releases, self._clock())
+            if reports:
+                self.store.report_many(reports, self._clock(), releases)
+            else:
+                self.store.release_many(releases, self._clock())  # type: ignore[arg-type]
         except StoreError as exc:
             self._store_failed(exc)
         else:
             self._pending.acknowledge(releases)
 
-    def report(self, placement: Placement, *, prompt_tokens: int, cached_tokens: int) -> None:
-        """Usage of a successful call: feeds hit statistics and the overload-move signal."""
+    def _usage(self, placement: Placement, prompt_tokens: int, cached_tokens: int) -> UsageReport | None:
+        """Count a successful call's usage in the metrics; the report for the store, if it takes one."""
         tid = placement.template_id or ""
         self.metrics.prompt_tokens.labels(tid, placement.worker).inc(prompt_tokens)
         self.metrics.cached_tokens.labels(tid, placement.worker).inc(cached_tokens)
         if placement.outcome in _STORELESS or self.availability.degraded:
+            return None
+        return UsageReport(placement.tenant, placement.session_id, placement.worker, placement.epoch,
+                           placement.template_id, prompt_tokens, cached_tokens, self._clock())
+
+    def _queue_report(self, report: UsageReport) -> bool:
+        """Queue the report for this router's next store write; False if it must be written now."""
+        if self._flusher is None:
+            return False
+        with self._reports_lock:
+            self._reports.append(report)
+        self._flusher.kick()
+        return True
+
+    def _take_reports(self) -> list[UsageReport]:
+        # a failed write drops what it carried: reports are not idempotent, and only feed statistics
+        # and the next decisions (a lost one costs at most one stale eviction signal)
+        with self._reports_lock:
+            reports, self._reports = self._reports, []
+        return reports
+
+    def report(self, placement: Placement, *, prompt_tokens: int, cached_tokens: int) -> None:
+        """Usage of a successful call: feeds hit statistics, the footprint and the move signals.
+
+        With Redis it rides on this router's next store write (the next route,
+        or the background flush within ``release_delay``), so a call costs one
+        round trip.
+        """
+        report = self._usage(placement, prompt_tokens, cached_tokens)
+        if report is None or self._queue_report(report):
             return
         releases = self._pending.take()
         try:
-            self.store.report(
-                placement.tenant, placement.session_id, placement.worker, placement.epoch,
-                placement.template_id, prompt_tokens, cached_tokens, self._clock(), releases,
-            )  # fmt: skip
+            self.store.report_many([report], self._clock(), releases)
         except StoreError as exc:
             self._store_failed(exc)
         else:
@@ -422,9 +464,10 @@ class Router:
         if self.availability.should_try():
             releases = self._pending.take()
             t0 = time.perf_counter()
+            reports = self._take_reports()
             try:
                 result = await astore.aroute(  # type: ignore[attr-defined]
-                    query, self.policy, self._clock(), releases, self._lease())
+                    query, self.policy, self._clock(), releases, self._lease(), reports)
             except StoreUnavailableError as exc:
                 self.availability.failed(exc)
                 self.metrics.degraded.set(1)
@@ -445,27 +488,27 @@ class Router:
         if self.availability.degraded:
             return
         releases = self._pending.take()
-        if releases is None:
+        reports = self._take_reports()
+        if releases is None and not reports:
             return
         try:
-            await self.store.arelease_many(releases, self._clock())  # type: ignore[attr-defined]
+            if reports:
+                await self.store.areport_many(reports, self._clock(), releases)  # type: ignore[attr-defined]
+            else:
+                await self.store.arelease_many(releases, self._clock())  # type: ignore[attr-defined]
         except StoreError as exc:
             self._store_failed(exc)
         else:
             self._pending.acknowledge(releases)
 
     async def areport(self, placement: Placement, *, prompt_tokens: int, cached_tokens: int) -> None:
-        tid = placement.template_id or ""
-        self.metrics.prompt_tokens.labels(tid, placement.worker).inc(prompt_tokens)
-        self.metrics.cached_tokens.labels(tid, placement.worker).inc(cached_tokens)
-        if placement.outcome in _STORELESS or self.availability.degraded:
+        """Async :meth:`report`."""
+        report = self._usage(placement, prompt_tokens, cached_tokens)
+        if report is None or self._queue_report(report):
             return
         releases = self._pending.take()
         try:
-            await self.store.areport(  # type: ignore[attr-defined]
-                placement.tenant, placement.session_id, placement.worker, placement.epoch,
-                placement.template_id, prompt_tokens, cached_tokens, self._clock(), releases,
-            )  # fmt: skip
+            await self.store.areport_many([report], self._clock(), releases)  # type: ignore[attr-defined]
         except StoreError as exc:
             self._store_failed(exc)
         else:
@@ -580,11 +623,10 @@ class Router:
         self._stop.set()
         if self._flusher is not None:
             self._flusher.close()
+        self.flush()  # owed releases and queued reports
         if self._renewer is not None:
             self._renewer.close()
-            self.renew()  # releases what is owed and ends this router's lease
-        else:
-            self.flush()
+            self.renew()  # ends this router's lease
         if self._probe_thread is not None:
             self._probe_thread.join(timeout=5)
         for c in self._clients.values():

@@ -9,7 +9,7 @@ which the Redis Lua script handles exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Protocol, runtime_checkable
+from typing import Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
 from agent_cache.placement.rule import Policy
 
@@ -49,6 +49,20 @@ class ReleaseBatch:
 
 
 Releases = Optional[ReleaseBatch]
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    """A successful call's reported usage, as the router queues it for its next store write."""
+
+    tenant: str
+    session_id: str
+    worker: str
+    epoch: int
+    template_id: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    now: float
 
 
 @dataclass(frozen=True)
@@ -107,8 +121,13 @@ class MetadataStore(Protocol):
     template_window: float
 
     def route(
-        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None
-    ) -> RouteResult: ...
+        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None,
+        reports: Sequence[UsageReport] = (),
+    ) -> RouteResult:
+        """Place or look up the session's worker; ``reports`` (queued usage) are applied first."""
+        ...
+
+    def report_many(self, reports: Sequence[UsageReport], now: float, releases: Releases = None) -> None: ...
 
     def renew(self, lease: Lease, held: Mapping[str, int], now: float, releases: Releases = None) -> None:
         """Set ``lease.source``'s in-flight counts to ``held`` (worker URL -> calls) and renew its lease."""
@@ -160,8 +179,11 @@ class AsyncMetadataStore(Protocol):
     """Async face: same operations, awaitable."""
 
     async def aroute(
-        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None
+        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None,
+        reports: Sequence[UsageReport] = (),
     ) -> RouteResult: ...
+
+    async def areport_many(self, reports: Sequence[UsageReport], now: float, releases: Releases = None) -> None: ...
 
     async def arelease(self, worker: str, now: float) -> None: ...
 

@@ -97,6 +97,46 @@ local function activate(tag, sk, member, url, held, active, now)
 end
 """
 
+# Usage reports a router queued (they ride on its next store write, so a call
+# costs one round trip). ARGV from ``first``: their count, then per report the
+# session member, worker, epoch, template id, template member, prompt tokens,
+# cached tokens, now (ms). Returns the index after them.
+_APPLY_REPORTS = r"""
+local function apply_report(tag, member, worker, epoch, tid, tmember, p, c, now)
+  local sk = tag .. ':s:' .. member
+  local wk = tag .. ':w:' .. worker
+  redis.call('HINCRBY', wk, 'prompt_tokens', p)
+  redis.call('HINCRBY', wk, 'cached_tokens', c)
+  local rec = redis.call('HMGET', sk, 'worker', 'epoch', 'last_cached', 'held', 'active')
+  if rec[1] == worker and tonumber(rec[2]) == epoch then
+    activate(tag, sk, member, worker, tonumber(rec[4] or '0'), rec[5] ~= '0', now)
+    redis.call('HINCRBY', sk, 'prompt_tokens', p)
+    redis.call('HINCRBY', sk, 'cached_tokens', c)
+    redis.call('HSET', sk, 'prev_cached', rec[3], 'last_cached', c, 'last_seen', now, 'held', p)
+    local held = tonumber(rec[4] or '0')
+    if p ~= held then redis.call('HINCRBY', tag .. ':kv', worker, p - held) end
+    redis.call('ZADD', tag .. ':live', now, member)
+  end
+  if tid ~= '' then
+    local ts = tag .. ':ts:' .. tmember
+    redis.call('HINCRBY', ts, 'prompt_tokens', p)
+    redis.call('HINCRBY', ts, 'cached_tokens', c)
+    redis.call('ZADD', tag .. ':t:' .. tmember, now, worker)
+    redis.call('SADD', tag .. ':templates', tmember)
+  end
+end
+
+local function apply_reports(tag, first)
+  local n = tonumber(ARGV[first] or '0')
+  for i = 0, n - 1 do
+    local j = first + 1 + 8 * i
+    apply_report(tag, ARGV[j], ARGV[j + 1], tonumber(ARGV[j + 2]), ARGV[j + 3], ARGV[j + 4],
+      tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6]), ARGV[j + 7])
+  end
+  return first + 1 + 8 * n
+end
+"""
+
 _PURGE = r"""
 local function purge(tag, idle, cutoff)
   local act, live = tag .. ':act', tag .. ':live'
@@ -126,7 +166,7 @@ local function purge(tag, idle, cutoff)
 end
 """
 
-ROUTE = _APPLY_RELEASES + _FOOTPRINT + _PURGE + _LEASES + r"""
+ROUTE = _APPLY_RELEASES + _FOOTPRINT + _APPLY_REPORTS + _PURGE + _LEASES + r"""
 local tag, member, tid, pool, tenant, sid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local now = tonumber(ARGV[7])
 local ttl = tonumber(ARGV[8])
@@ -143,7 +183,8 @@ local cutoff = now - ttl
 local lease_ms = tonumber(ARGV[16])
 purge(tag, now - live_window, cutoff)  -- first: it frees memory even when Redis is at maxmemory
 reclaim_leases(tag, now)
-apply_releases(tag, 17)
+local source_at = apply_reports(tag, 17)  -- the router's queued usage, before the pin is read
+apply_releases(tag, source_at)
 
 local rec = redis.call('HMGET', skey, 'worker', 'epoch', 'last_cached', 'prev_cached', 'last_seen', 'held', 'steps',
   'active')
@@ -289,7 +330,7 @@ redis.call('HSET', skey, 'last_seen', tostring(now), 'steps', steps + 1, 'held',
 redis.call('ZADD', tag .. ':live', tostring(now), member)
 redis.call('ZADD', tag .. ':act', tostring(now), member)
 redis.call('HINCRBY', ikey, chosen, 1)
-hold(tag, ARGV[17], chosen, now, lease_ms)
+hold(tag, ARGV[source_at], chosen, now, lease_ms)
 if tid ~= '' then
   if outcome ~= 'pinned' then  -- what ABANDON restores if this placement's call fails
     redis.call('HSET', skey, 'tprev', redis.call('ZSCORE', tkey, chosen) or '')
@@ -302,34 +343,11 @@ redis.call('HINCRBY', tag .. ':outcomes', outcome, 1)
 return {chosen, outcome, epoch, previous}
 """
 
-# KEYS: session, template zset, template stats. ARGV: tag, member, worker, epoch,
-# template id, template member, prompt tokens, cached tokens, now (ms), then
-# the release batch.
-REPORT = _APPLY_RELEASES + _FOOTPRINT + r"""
-local tag, member, worker = ARGV[1], ARGV[2], ARGV[3]
-local epoch = tonumber(ARGV[4])
-local tid, tmember = ARGV[5], ARGV[6]
-local p, c, now = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
-apply_releases(tag, 10)
-local wk = tag .. ':w:' .. worker
-redis.call('HINCRBY', wk, 'prompt_tokens', p)
-redis.call('HINCRBY', wk, 'cached_tokens', c)
-local rec = redis.call('HMGET', KEYS[1], 'worker', 'epoch', 'last_cached', 'held', 'active')
-if rec[1] == worker and tonumber(rec[2]) == epoch then
-  activate(tag, KEYS[1], member, worker, tonumber(rec[4] or '0'), rec[5] ~= '0', now)
-  redis.call('HINCRBY', KEYS[1], 'prompt_tokens', p)
-  redis.call('HINCRBY', KEYS[1], 'cached_tokens', c)
-  redis.call('HSET', KEYS[1], 'prev_cached', rec[3], 'last_cached', c, 'last_seen', now, 'held', p)
-  local held = tonumber(rec[4] or '0')
-  if p ~= held then redis.call('HINCRBY', tag .. ':kv', worker, p - held) end
-  redis.call('ZADD', tag .. ':live', now, member)
-end
-if tid ~= '' then
-  redis.call('HINCRBY', KEYS[3], 'prompt_tokens', p)
-  redis.call('HINCRBY', KEYS[3], 'cached_tokens', c)
-  redis.call('ZADD', KEYS[2], now, worker)
-  redis.call('SADD', tag .. ':templates', tmember)
-end
+# KEYS: the in-flight hash (declared for Redis Cluster's slot). ARGV: tag, then
+# the reports (a count, then 8 fields each: see _APPLY_REPORTS), then the
+# release batch. Writes what a router queued since its last store write.
+REPORTS = _APPLY_RELEASES + _FOOTPRINT + _APPLY_REPORTS + r"""
+apply_releases(ARGV[1], apply_reports(ARGV[1], 2))
 return 1
 """
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import threading
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from agent_cache.placement.rule import PinView, Policy, Snapshot, WorkerView, choose_worker
 from agent_cache.store.base import (
@@ -21,6 +21,7 @@ from agent_cache.store.base import (
     Releases,
     RouteQuery,
     RouteResult,
+    UsageReport,
     to_ms,
 )
 
@@ -128,7 +129,8 @@ class MemoryStore:
     # --- sync face ------------------------------------------------------------
 
     def route(
-        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None
+        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None,
+        reports: Sequence[UsageReport] = (),
     ) -> RouteResult:
         # ``lease`` is not needed here: this store lives and dies with its router
         now_ms = to_ms(now)
@@ -136,6 +138,8 @@ class MemoryStore:
         with self._lock:
             self._release(releases)
             self._purge(now_ms, policy.live_window)
+            for r in reports:  # the router's queued usage, before the pin is read (as the Lua script)
+                self._apply_report(r)
             rec = self._sessions.get(key)
             if rec is not None:
                 self._activate(rec, now_ms)  # its history is live again before the decision weighs it
@@ -236,28 +240,36 @@ class MemoryStore:
         now: float,
         releases: Releases = None,
     ) -> None:
-        now_ms = to_ms(now)
+        self.report_many([UsageReport(tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens,
+                                      now)], now, releases)
+
+    def report_many(self, reports: Sequence[UsageReport], now: float, releases: Releases = None) -> None:
         with self._lock:
             self._release(releases)
-            w = self._worker(worker)
-            w.prompt += prompt_tokens
-            w.cached += cached_tokens
-            rec = self._sessions.get((tenant, session_id))
-            if rec is not None and rec["worker"] == worker and rec["epoch"] == epoch:
-                self._activate(rec, now_ms)
-                rec["prompt_tokens"] += prompt_tokens
-                rec["cached_tokens"] += cached_tokens
-                rec["prev_cached"] = rec["last_cached"]
-                rec["last_cached"] = cached_tokens
-                w.kv_tokens += prompt_tokens - rec["held"]
-                rec["held"] = prompt_tokens
-                rec["last_seen"] = now_ms
-                self._touch((tenant, session_id), now_ms)
-            if template_id:
-                st = self._template_stats.setdefault((tenant, template_id), [0, 0])
-                st[0] += prompt_tokens
-                st[1] += cached_tokens
-                self._templates.setdefault((tenant, template_id), {})[worker] = now_ms
+            for r in reports:
+                self._apply_report(r)
+
+    def _apply_report(self, r: UsageReport) -> None:
+        now_ms = to_ms(r.now)
+        w = self._worker(r.worker)
+        w.prompt += r.prompt_tokens
+        w.cached += r.cached_tokens
+        rec = self._sessions.get((r.tenant, r.session_id))
+        if rec is not None and rec["worker"] == r.worker and rec["epoch"] == r.epoch:
+            self._activate(rec, now_ms)
+            rec["prompt_tokens"] += r.prompt_tokens
+            rec["cached_tokens"] += r.cached_tokens
+            rec["prev_cached"] = rec["last_cached"]
+            rec["last_cached"] = r.cached_tokens
+            w.kv_tokens += r.prompt_tokens - rec["held"]
+            rec["held"] = r.prompt_tokens
+            rec["last_seen"] = now_ms
+            self._touch((r.tenant, r.session_id), now_ms)
+        if r.template_id:
+            st = self._template_stats.setdefault((r.tenant, r.template_id), [0, 0])
+            st[0] += r.prompt_tokens
+            st[1] += r.cached_tokens
+            self._templates.setdefault((r.tenant, r.template_id), {})[r.worker] = now_ms
 
     def abandon(self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None,
                 now: float, releases: Releases = None) -> None:
@@ -354,9 +366,13 @@ class MemoryStore:
     # --- async face -----------------------------------------------------------
 
     async def aroute(
-        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None
+        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None,
+        reports: Sequence[UsageReport] = (),
     ) -> RouteResult:
-        return self.route(query, policy, now, releases, lease)
+        return self.route(query, policy, now, releases, lease, reports)
+
+    async def areport_many(self, reports: Sequence[UsageReport], now: float, releases: Releases = None) -> None:
+        self.report_many(reports, now, releases)
 
     async def arelease(self, worker: str, now: float) -> None:
         self.release(worker, now)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from functools import lru_cache
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -28,6 +28,7 @@ from agent_cache.store.base import (
     Releases,
     RouteQuery,
     RouteResult,
+    UsageReport,
     WorkerSpec,
     to_ms,
 )
@@ -153,7 +154,7 @@ class RedisStore:
         self._options = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout, **redis_options}
         self._client = client if client is not None else self._make_sync()
         self._route = self._client.register_script(lua.ROUTE)
-        self._report = self._client.register_script(lua.REPORT)
+        self._reports = self._client.register_script(lua.REPORTS)
         self._abandon = self._client.register_script(lua.ABANDON)
         self._renew = self._client.register_script(lua.RENEW)
         self._release = self._client.register_script(lua.RELEASE)
@@ -217,7 +218,7 @@ class RedisStore:
             self._aloop = loop
         if self._ascripts is None:
             c = self._aclient
-            self._ascripts = (c.register_script(lua.ROUTE), c.register_script(lua.REPORT),
+            self._ascripts = (c.register_script(lua.ROUTE), c.register_script(lua.REPORTS),
                               c.register_script(lua.RELEASE), c.register_script(lua.ABANDON))
         return self._aclient, self._ascripts
 
@@ -238,7 +239,8 @@ class RedisStore:
     # --- argument builders (shared by both faces) --------------------------------
 
     def _route_args(
-        self, q: RouteQuery, policy: Policy, now: float, releases: Releases, lease: Lease | None
+        self, q: RouteQuery, policy: Policy, now: float, releases: Releases, lease: Lease | None,
+        reports: Sequence[UsageReport] = (),
     ) -> tuple[list[str], list[Any]]:
         tid = q.template_id or ""
         k = [keys.session(self.prefix, q.tenant, q.session_id), keys.template(self.prefix, q.tenant, tid)]
@@ -248,25 +250,21 @@ class RedisStore:
             *_policy_args(policy), int(q.prompt_tokens_estimate), keys.member(q.tenant, tid),
             _workers_arg(q.workers), to_ms(lease.seconds) if lease else 0,
         ]  # fmt: skip
-        return k, args + _release_args(releases, lease.source if lease else None)
+        return k, args + self._reports_args(reports) + _release_args(releases, lease.source if lease else None)
 
     @staticmethod
     def _route_result(raw: list[Any]) -> RouteResult:
         worker, outcome, epoch, previous = (x.decode() if isinstance(x, bytes) else x for x in raw)
         return RouteResult(worker or None, outcome, int(epoch), previous or None)
 
-    def _report_args(
-        self, tenant: str, sid: str, worker: str, epoch: int, tid: str | None, p: int, c: int, now: float,
-        releases: Releases,
-    ) -> tuple[list[str], list[Any]]:
-        t = tid or ""
-        k = [
-            keys.session(self.prefix, tenant, sid),
-            keys.template(self.prefix, tenant, t),
-            keys.template_stats(self.prefix, tenant, t),
-        ]
-        args = [self._tag, keys.member(tenant, sid), worker, int(epoch), t, keys.member(tenant, t), int(p), int(c), to_ms(now)]
-        return k, args + _release_args(releases)
+    def _reports_args(self, reports: Sequence[UsageReport]) -> list[Any]:
+        """Queued usage reports as script arguments: their count, then 8 fields each (see lua._APPLY_REPORTS)."""
+        out: list[Any] = [len(reports)]
+        for r in reports:
+            t = r.template_id or ""
+            out += [keys.member(r.tenant, r.session_id), r.worker, int(r.epoch), t, keys.member(r.tenant, t),
+                    int(r.prompt_tokens), int(r.cached_tokens), to_ms(r.now)]
+        return out
 
     def _abandon_args(self, tenant: str, sid: str, worker: str, epoch: int, tid: str | None,
                       releases: Releases) -> tuple[list[str], list[Any]]:
@@ -276,9 +274,10 @@ class RedisStore:
     # --- sync face ----------------------------------------------------------------
 
     def route(
-        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None
+        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None,
+        reports: Sequence[UsageReport] = (),
     ) -> RouteResult:
-        k, a = self._route_args(query, policy, now, releases, lease)
+        k, a = self._route_args(query, policy, now, releases, lease, reports)
         return self._route_result(self._call(lambda: self._route(keys=k, args=a)))
 
     def renew(self, lease: Lease, held: Mapping[str, int], now: float, releases: Releases = None) -> None:
@@ -308,10 +307,13 @@ class RedisStore:
         now: float,
         releases: Releases = None,
     ) -> None:
-        k, a = self._report_args(
-            tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens, now, releases
-        )
-        self._call(lambda: self._report(keys=k, args=a))
+        self.report_many([UsageReport(tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens,
+                                      now)], now, releases)
+
+    def report_many(self, reports: Sequence[UsageReport], now: float, releases: Releases = None) -> None:
+        args = [self._tag, *self._reports_args(reports), *_release_args(releases)]
+        k = [keys.inflight(self.prefix)]
+        self._call(lambda: self._reports(keys=k, args=args))
 
     def abandon(self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None,
                 now: float, releases: Releases = None) -> None:
@@ -374,10 +376,11 @@ class RedisStore:
     # --- async face ---------------------------------------------------------------
 
     async def aroute(
-        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None
+        self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None,
+        reports: Sequence[UsageReport] = (),
     ) -> RouteResult:
         _, (route, _, _, _) = self._async()
-        k, a = self._route_args(query, policy, now, releases, lease)
+        k, a = self._route_args(query, policy, now, releases, lease, reports)
         return self._route_result(await self._acall(route(keys=k, args=a)))
 
     async def arelease(self, worker: str, now: float) -> None:
@@ -402,11 +405,13 @@ class RedisStore:
         now: float,
         releases: Releases = None,
     ) -> None:
+        await self.areport_many([UsageReport(tenant, session_id, worker, epoch, template_id, prompt_tokens,
+                                             cached_tokens, now)], now, releases)
+
+    async def areport_many(self, reports: Sequence[UsageReport], now: float, releases: Releases = None) -> None:
         _, (_, report, _, _) = self._async()
-        k, a = self._report_args(
-            tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens, now, releases
-        )
-        await self._acall(report(keys=k, args=a))
+        args = [self._tag, *self._reports_args(reports), *_release_args(releases)]
+        await self._acall(report(keys=[keys.inflight(self.prefix)], args=args))
 
     async def aabandon(self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None,
                        now: float, releases: Releases = None) -> None:

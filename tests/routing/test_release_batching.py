@@ -45,14 +45,22 @@ def test_route_and_done_cost_one_round_trip(redis_server, prefix):
     router.close()
 
 
-def test_report_carries_pending_releases(redis_server, prefix):
+def test_the_usage_report_rides_on_the_next_route_with_the_release(redis_server, prefix):
     router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None, release_delay=60.0)
     placement = router.route(RouteRequest("s1", template_id="t"))
     router.done(placement)
-    assert _inflight(redis_server.url, prefix) == 1
     router.report(placement, prompt_tokens=100, cached_tokens=0)
+    # nothing written yet: the call cost one round trip (its route)
+    assert _inflight(redis_server.url, prefix) == 1
+    assert router.store.get_session("default", "s1", time.time())["prompt_tokens"] == 0
+    nxt = router.route(RouteRequest("s1", template_id="t"))  # carries the release and the report
+    assert nxt.outcome == "pinned"
+    assert _inflight(redis_server.url, prefix) == 1  # the new call only
+    rec = router.store.get_session("default", "s1", time.time())
+    assert rec["prompt_tokens"] == 100 and rec["held"] == 100
+    router.done(nxt)
+    router.close()  # writes what is still owed
     assert _inflight(redis_server.url, prefix) == 0
-    router.close()
 
 
 def test_other_processes_see_a_release_within_the_delay(redis_server, prefix):

@@ -143,6 +143,7 @@ def test_stats_snapshot_and_format(redis_server, prefix):
     router.report(p, prompt_tokens=1000, cached_tokens=0)
     p = routed(router, "s1", template_id="t1")
     router.report(p, prompt_tokens=1200, cached_tokens=1000)
+    router.flush()  # reports ride on the next write; other processes see them within release_delay
     snap = stats_snapshot(RedisStore(redis_server.url, prefix=prefix))
     assert snap["sessions"] == 1
     assert snap["templates"]["default/t1"]["workers"] == [p.worker]

@@ -12,6 +12,7 @@ from agent_cache.errors import ConfigError, StoreUnavailableError
 from agent_cache.placement.rule import Policy
 from agent_cache.routing.releases import PendingReleases
 from agent_cache.store import MemoryStore, RedisStore, RouteQuery, WorkerSpec
+from agent_cache.store.base import UsageReport
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 WS = (WorkerSpec(A, capacity=10_000), WorkerSpec(B, capacity=10_000), WorkerSpec(C, capacity=10_000))
@@ -112,6 +113,7 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
     now = 1_000.0
     live: list[tuple[str, str, int, str, str | None]] = []
     ledger = PendingReleases()  # releases carried by the next route or report, as the router does
+    queued: list[UsageReport] = []  # usage reports carried by the next route, as the router does
     compared = 0
     for _ in range(120):
         op = rng.random()
@@ -124,8 +126,9 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
             sid = f"s{rng.randint(0, 15)}"
             query = RouteQuery(tenant, sid, rng.choice([None, "t1", "t2", "t3"]), "default", workers, rng.randint(0, 3000))
             batch = ledger.take()
-            a = memory.route(query, policy, now, batch)
-            b = rstore.route(query, policy, now, batch)
+            a = memory.route(query, policy, now, batch, reports=queued)
+            b = rstore.route(query, policy, now, batch, reports=queued)
+            queued = []
             if rng.random() < 0.8:  # else: as if the reply timed out, so the batch goes again
                 ledger.acknowledge(batch)
             assert a == b, (seed, query)
@@ -152,6 +155,9 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
             p = rng.randint(100, 4000)
             c = rng.randint(0, p)
             tid = rng.choice([None, "t1", "t2"])
+            if rng.random() < 0.5:
+                queued.append(UsageReport(tenant, sid, worker, epoch, tid, p, c, now))
+                continue
             batch = ledger.take()
             memory.report(tenant, sid, worker, epoch, tid, p, c, now, batch)
             rstore.report(tenant, sid, worker, epoch, tid, p, c, now, batch)
