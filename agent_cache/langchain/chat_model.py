@@ -32,7 +32,7 @@ from agent_cache.backends.sglang import AsyncSGLangClient, SGLangClient, normali
 from agent_cache.errors import ConfigError, TemplateError
 from agent_cache.routing.lifecycle import Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, RouteRequest, Router
-from agent_cache.templates import Templater, TemplateRegistry
+from agent_cache.templates import NormalizedPrompt, Templater, TemplateRegistry
 from agent_cache.langchain.messages import to_ai_chunk, to_openai_messages, usage_metadata
 from agent_cache.langchain.sessions import resolve_session_id, session_from_config
 
@@ -54,6 +54,7 @@ class _Call:
     model: str
     messages: list[dict[str, Any]]
     request: RouteRequest
+    prompt: NormalizedPrompt
     params: dict[str, Any]
     include_usage: bool
 
@@ -93,6 +94,7 @@ class ChatSGLang(BaseChatModel):
 
     _router: Router = PrivateAttr()
     _templater: Templater = PrivateAttr()
+    _registry: TemplateRegistry = PrivateAttr()
     _clients: dict[str, SGLangClient] = PrivateAttr(default_factory=dict)
     _aclients: weakref.WeakKeyDictionary = PrivateAttr(default_factory=weakref.WeakKeyDictionary)
 
@@ -147,11 +149,12 @@ class ChatSGLang(BaseChatModel):
                 self.templates,
                 variables=self.template_variables,
                 tenant=self.tenant,
-                registry=TemplateRegistry(router.store),
             )
         except TemplateError as exc:
             field = {"mode": "templates", "variables": "template_variables"}.get(exc.field, exc.field)
             raise ConfigError(field, str(exc).split(": ", 1)[-1]) from exc
+        # template bookkeeping for calls a worker served (recorded after the call, see _served)
+        self._registry = TemplateRegistry(router.store)
         self._router = router
         return self
 
@@ -248,8 +251,7 @@ class ChatSGLang(BaseChatModel):
         for client in self._clients.values():
             client.close()
         self._clients.clear()
-        if self._templater.registry is not None:
-            self._templater.registry.close()
+        self._registry.close()
         if self.router is None:
             self._router.close()
 
@@ -261,8 +263,7 @@ class ChatSGLang(BaseChatModel):
         for sync_client in self._clients.values():
             sync_client.close()
         self._clients.clear()
-        if self._templater.registry is not None:  # its last writes are sync: off the event loop
-            await asyncio.to_thread(self._templater.registry.close)
+        await asyncio.to_thread(self._registry.close)  # its last writes are sync: off the event loop
         if self.router is None:
             await self._router.aclose()
 
@@ -302,7 +303,7 @@ class ChatSGLang(BaseChatModel):
             params["extra_key"] = extra_key  # keeps tenants apart in the worker's radix cache
         request = RouteRequest(session_id=session_id, template_id=prompt.template_id, tenant=self.tenant,
                                pool=self.pool, prompt_tokens_estimate=prompt.template_tokens)
-        return _Call(session_id, model, prompt.messages, request, params, include_usage)
+        return _Call(session_id, model, prompt.messages, request, prompt, params, include_usage)
 
     def _metadata(self, call: _Call, placement: Placement, model: str, finish: str | None, cached: int | None) -> dict:
         return {
@@ -367,6 +368,8 @@ class ChatSGLang(BaseChatModel):
     # --- streaming ------------------------------------------------------------------
 
     def _final_chunk(self, call: _Call, placement: Placement, state: dict[str, Any]) -> ChatGenerationChunk:
+        """The last chunk of a call a worker served (its usage and metadata); records its template."""
+        self._registry.record(self.tenant, call.prompt, call.session_id)  # queued: no I/O here
         usage: Usage | None = state.get("usage")
         cached = (usage.cached_tokens or 0) if usage else None
         meta = self._metadata(call, placement, state.get("model", ""), state.get("finish"), cached)

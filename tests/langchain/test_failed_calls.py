@@ -1,4 +1,4 @@
-"""A call the worker rejects leaves nothing behind: no pin, no template mark, no KV estimate.
+"""A call the worker rejects leaves nothing behind: no pin, no template mark or record, no KV estimate.
 
 Real Redis and simulated workers with a short context length, so a long
 prompt is refused with SGLang's 400 before any prefill.
@@ -34,7 +34,7 @@ def test_rejected_calls_leave_no_pin_mark_or_kv_estimate(short_fleet, redis_serv
     for i in range(10):
         with pytest.raises(ContextLengthError):
             model.invoke([SystemMessage("You are an agent."), HumanMessage(too_long)], session_id=f"big-{i}")
-    router.flush()
+    model.close()  # writes whatever the model still owes the store
     stats = store.stats(0)
     for url in short_fleet.urls:
         w = stats["workers"].get(url, {})
@@ -42,11 +42,13 @@ def test_rejected_calls_leave_no_pin_mark_or_kv_estimate(short_fleet, redis_serv
         assert w.get("sessions", 0) == 0 and w.get("live_sessions", 0) == 0, (url, w)
     assert all(not t["workers"] for t in stats["templates"].values()), stats["templates"]
     client = redis.Redis.from_url(redis_server.url)
-    try:  # not one session record
+    try:  # not one session record, not one template record
         assert not list(client.scan_iter(f"{{{prefix}}}:s:*")), "a rejected call left a session record"
+        assert not list(client.scan_iter(f"{{{prefix}}}:ti:*")), "a rejected call recorded its template"
     finally:
         client.close()
     # a call that fits is placed and pinned as usual afterwards
+    model = ChatSGLang(model="sim", workers=short_fleet.urls, router=router, max_tokens=4, max_retries=0)
     ok = model.invoke([SystemMessage("You are an agent."), HumanMessage("short")], session_id="big-0")
     assert ok.response_metadata["routing"].startswith("placed")
     assert store.get_session("default", "big-0", time.time())["worker"] == ok.response_metadata["worker"]

