@@ -122,13 +122,15 @@ def _stats(args: argparse.Namespace) -> int:
     import json
 
     from agent_cache.errors import StoreError
+    from agent_cache.redact import redact_url
     from agent_cache.store import RedisStore, format_stats, stats_snapshot
 
     store = RedisStore(args.redis, prefix=args.prefix)
     try:
         snapshot = stats_snapshot(store)
     except StoreError as exc:
-        print(f"agent-cache stats: cannot read the store at {args.redis}: {exc}", file=sys.stderr)
+        print(f"agent-cache stats: cannot read the store at {redact_url(args.redis)}: {redact_url(exc)}",
+              file=sys.stderr)
         return 1
     finally:
         store.close()

@@ -105,8 +105,10 @@ def check(args: argparse.Namespace) -> None:
 def check_redis(url: str) -> None:
     import redis
 
+    from agent_cache.redact import redact_url
+
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError("--redis", f"not a Redis URL: {url!r} (redis://host:port/db)")
+        raise ConfigError("--redis", f"not a Redis URL: {redact_url(url)!r} (redis://host:port/db)")
     try:
         client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
         try:
@@ -114,7 +116,7 @@ def check_redis(url: str) -> None:
         finally:
             client.close()
     except (redis.RedisError, ValueError) as exc:
-        raise ConfigError("--redis", f"cannot reach {url}: {exc}") from None
+        raise ConfigError("--redis", f"cannot reach {redact_url(url)}: {redact_url(exc)}") from None
 
 
 def _names(args: argparse.Namespace, preset: RealPreset, smg: str | None,

@@ -84,7 +84,7 @@ class ChatSGLang(BaseChatModel):
     extra_body: dict[str, Any] | None = None
     api_key: SecretStr | None = None
     # routing and templates (docs/langchain.md, docs/routing.md, docs/templates.md)
-    redis_url: str | None = None
+    redis_url: SecretStr | None = None  # may carry a password: masked in repr, dumps and callbacks
     router: Router | None = Field(default=None, exclude=True)
     templates: str = "canonical"
     template_variables: dict[str, str] | None = None
@@ -138,12 +138,13 @@ class ChatSGLang(BaseChatModel):
         router = self.router
         if router is None:
             if self.redis_url is None and os.environ.get("AGENT_CACHE_REDIS_URL"):
-                self.redis_url = os.environ["AGENT_CACHE_REDIS_URL"]
+                self.redis_url = SecretStr(os.environ["AGENT_CACHE_REDIS_URL"])
             urls = [self.base_url] if self.base_url else list(self.workers or [])
             interval = self.health_probe_interval
             if "health_probe_interval" not in self.model_fields_set and len(urls) > 1:
                 interval = DEFAULT_PROBE_INTERVAL  # a hung worker is found without a call waiting on it
-            router = Router(urls, redis_url=self.redis_url, probe_interval=interval)
+            redis_url = self.redis_url.get_secret_value() if self.redis_url is not None else None
+            router = Router(urls, redis_url=redis_url, probe_interval=interval)
         try:
             self._templater = Templater(
                 self.templates,
@@ -164,6 +165,11 @@ class ChatSGLang(BaseChatModel):
         return self._router
 
     # --- LangChain metadata ---------------------------------------------------
+
+    @property
+    def lc_secrets(self) -> dict[str, str]:
+        """Fields LangChain's serialisation replaces by a reference to their environment variable."""
+        return {"api_key": "AGENT_CACHE_API_KEY", "redis_url": "AGENT_CACHE_REDIS_URL"}
 
     @property
     def _llm_type(self) -> str:

@@ -18,6 +18,7 @@ from redis.backoff import NoBackoff
 
 from agent_cache.errors import ConfigError, StoreError, StoreUnavailableError
 from agent_cache.placement.rule import Policy
+from agent_cache.redact import redact_url
 from agent_cache.store import keys, lua
 from agent_cache.store.base import (
     DEFAULT_PREFIX,
@@ -52,7 +53,8 @@ _CANNOT_WRITE = (
 def validate_redis_url(url: str, field: str = "redis_url") -> str:
     """Check a Redis URL's shape; raises ConfigError naming ``field``."""
     if not isinstance(url, str) or not url.strip():
-        raise ConfigError(field, f"expected a Redis URL such as redis://127.0.0.1:6379/0, got {url!r}")
+        raise ConfigError(field, f"expected a Redis URL such as redis://127.0.0.1:6379/0, got {redact_url(url)!r}")
+    shown = redact_url(url)  # error messages never carry the password
     try:
         parts = urlsplit(url)
         if "sentinel" in parts.scheme:  # several host:port pairs, comma-separated
@@ -63,16 +65,16 @@ def validate_redis_url(url: str, field: str = "redis_url") -> str:
         else:
             parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError as exc:
-        raise ConfigError(field, f"invalid Redis URL {url!r}: {exc}") from None
+        raise ConfigError(field, f"invalid Redis URL {shown!r}: {redact_url(exc)}") from None
     if parts.scheme not in _SCHEMES:
-        raise ConfigError(field, f"unsupported scheme {parts.scheme!r} in {url!r}; use one of {', '.join(_SCHEMES)}")
+        raise ConfigError(field, f"unsupported scheme {parts.scheme!r} in {shown!r}; use one of {', '.join(_SCHEMES)}")
     if parts.scheme == "unix":
         if not parts.path:
-            raise ConfigError(field, f"no socket path in {url!r}")
+            raise ConfigError(field, f"no socket path in {shown!r}")
     elif "sentinel" not in parts.scheme and not parts.hostname:
-        raise ConfigError(field, f"no host in {url!r}")
+        raise ConfigError(field, f"no host in {shown!r}")
     if "sentinel" in parts.scheme and not parts.path.strip("/"):
-        raise ConfigError(field, f"no service name in {url!r}; use redis+sentinel://host:port/service_name")
+        raise ConfigError(field, f"no service name in {shown!r}; use redis+sentinel://host:port/service_name")
     return url
 
 
