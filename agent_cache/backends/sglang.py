@@ -43,11 +43,19 @@ def normalize_worker_url(url: str, field: str = "base_url") -> str:
     """Validate a worker URL (``http``/``https`` with a host) and strip trailing ``/`` and ``/v1``."""
     if not isinstance(url, str) or not url.strip():
         raise ConfigError(field, f"expected a worker URL such as http://127.0.0.1:30000, got {url!r}")
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url.strip()):
+        raise ConfigError(field, f"whitespace or a control character inside the URL {url!r}")
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https"):
         raise ConfigError(field, f"unsupported URL scheme {parts.scheme!r} in {url!r}; use http or https")
     if not parts.hostname:
         raise ConfigError(field, f"no host in {url!r}")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in 0-65535
+    except ValueError:
+        raise ConfigError(field, f"bad port in {url!r}") from None
+    if parts.query or parts.fragment:
+        raise ConfigError(field, f"a worker URL takes no query or fragment, got {url!r}")
     base = url.strip().rstrip("/")
     if base.endswith("/v1"):
         base = base[: -len("/v1")]

@@ -170,8 +170,23 @@ def test_unknown_field_is_refused_before_sending(worker: str) -> None:
         SGLangClient(worker).chat(MSGS, max_tokenz=5)
 
 
-@pytest.mark.parametrize("url", ["ftp://host:1", "localhost:30000", "", "http://"])
+@pytest.mark.parametrize("url", ["ftp://host:1", "localhost:30000", "", "http://", "http://a b:1",
+                                 "http://ho\nst:1", "http://host:99999", "http://host:port", "http://host:1/?x=1",
+                                 "http://host:1/#frag", "http://ho\tst:1"])
 def test_bad_worker_url(url: str) -> None:
     with pytest.raises(ConfigError) as info:
         SGLangClient(url)
     assert info.value.field == "base_url"
+
+
+def test_a_worker_list_with_a_bad_url_names_its_index_and_routes_nothing() -> None:
+    from agent_cache import ChatSGLang
+
+    with pytest.raises(ConfigError) as info:
+        ChatSGLang(model="sim", workers=["http://127.0.0.1:1", "http://a b:2"])
+    assert info.value.field == "workers[1]" and "whitespace" in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:30000", " http://h:1/ ", "https://h/v1", "http://h:1/prefix"])
+def test_good_worker_urls_still_pass(url: str) -> None:
+    assert SGLangClient(url).base_url == url.strip().rstrip("/").removesuffix("/v1")
