@@ -43,23 +43,25 @@ def worker(fleet: SimFleet) -> str:
 class RedisServer:
     """A redis-server subprocess on a fixed port that can be killed and restarted."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
+        self.password = password  # requirepass: clients must authenticate
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="redis-test-")  # a SAVEd snapshot here is loaded on restart
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1",
-             "--dir", self.dir],
+             "--dir", self.dir, *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        client = redis.Redis(port=self.port, socket_timeout=0.2)
+        client = redis.Redis(port=self.port, password=self.password, socket_timeout=0.2)
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -81,7 +83,7 @@ class RedisServer:
         self.proc.send_signal(signal.SIGCONT)
 
     def save(self) -> None:
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(port=self.port, password=self.password)
         client.save()
         client.close()
 
@@ -97,14 +99,14 @@ class RedisServer:
 
 
 @pytest.fixture(scope="session")
-def redis_server_factory() -> Iterator[Callable[[], RedisServer]]:
+def redis_server_factory() -> Iterator[Callable[..., RedisServer]]:
     """Start private redis-server processes (tests may kill them); all are stopped at the end."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server binary not found")
     started: list[RedisServer] = []
 
-    def start() -> RedisServer:
-        server = RedisServer()
+    def start(password: str | None = None) -> RedisServer:
+        server = RedisServer(password)
         server.start()
         started.append(server)
         return server

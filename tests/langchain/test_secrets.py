@@ -7,15 +7,11 @@ workers are simulated.
 from __future__ import annotations
 
 import logging
-import shutil
-import socket
 import subprocess
 import sys
-import time
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-import redis
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.load import dumps
 from langchain_core.messages import HumanMessage
@@ -28,28 +24,9 @@ CANARY = "canary-pw-7f3a9"
 
 
 @pytest.fixture(scope="module")
-def locked_redis() -> Iterator[str]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server binary not found")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--requirepass", CANARY],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port, password=CANARY, socket_timeout=0.2)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.02)
-    client.close()
-    yield f"redis://:{CANARY}@127.0.0.1:{port}/0"
-    proc.kill()
-    proc.wait()
+def locked_redis(redis_server_factory) -> str:
+    """A private redis-server that requires the canary password; its URL carries it."""
+    return redis_server_factory(password=CANARY).url
 
 
 class _Recorder(BaseCallbackHandler):
