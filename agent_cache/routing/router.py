@@ -43,6 +43,7 @@ from agent_cache.store.base import (
     DEFAULT_SESSION_TTL,
     Lease,
     MetadataStore,
+    Releases,
     RouteQuery,
     UsageReport,
     WorkerSpec,
@@ -269,15 +270,7 @@ class Router:
         flight; it also corrects a count whose route reply was lost (a timeout
         during a store freeze).
         """
-        if self.availability.degraded:
-            return
-        releases = self._pending.take()
-        try:
-            self.store.renew(self._lease(), self._pending.held(), self._clock(), releases)
-        except StoreError as exc:
-            self._store_failed(exc)
-        else:
-            self._pending.acknowledge(releases)
+        self._write(lambda releases: self.store.renew(self._lease(), self._pending.held(), self._clock(), releases))
 
     def _renew_loop(self) -> None:
         self.renew()
@@ -340,15 +333,35 @@ class Router:
         """Write pending in-flight releases and queued usage reports to the store now (one round trip)."""
         if self.availability.degraded:
             return
-        releases = self._pending.take()
         reports = self._take_reports()
-        if releases is None and not reports:
-            return
-        try:
+
+        def write(releases: Releases) -> None:
             if reports:
                 self.store.report_many(reports, self._clock(), releases)
-            else:
-                self.store.release_many(releases, self._clock())  # type: ignore[arg-type]
+            elif releases is not None:
+                self.store.release_many(releases, self._clock())
+
+        self._write(write)
+
+    def _write(self, write: Callable[[Releases], object]) -> None:
+        """One store write carrying the releases this router owes; acknowledged once it succeeded."""
+        if self.availability.degraded:
+            return  # owed releases wait for the first write once the store answers
+        releases = self._pending.take()
+        try:
+            write(releases)
+        except StoreError as exc:
+            self._store_failed(exc)
+        else:
+            self._pending.acknowledge(releases)
+
+    async def _awrite(self, write: Callable[[Releases], Awaitable[object]]) -> None:
+        """Async :meth:`_write`."""
+        if self.availability.degraded:
+            return
+        releases = self._pending.take()
+        try:
+            await write(releases)
         except StoreError as exc:
             self._store_failed(exc)
         else:
@@ -388,15 +401,8 @@ class Router:
         round trip.
         """
         report = self._usage(placement, prompt_tokens, cached_tokens)
-        if report is None or self._queue_report(report):
-            return
-        releases = self._pending.take()
-        try:
-            self.store.report_many([report], self._clock(), releases)
-        except StoreError as exc:
-            self._store_failed(exc)
-        else:
-            self._pending.acknowledge(releases)
+        if report is not None and not self._queue_report(report):
+            self._write(lambda releases: self.store.report_many([report], self._clock(), releases))
 
     def _store_failed(self, exc: StoreError) -> None:
         if isinstance(exc, StoreUnavailableError):
@@ -440,16 +446,9 @@ class Router:
     def abandon(self, placement: Placement) -> None:
         """The worker did not serve the call that placed the session: undo the placement in the store
         (pin, KV estimate, template mark), so a failed call leaves no state behind."""
-        if self.availability.degraded:
-            return
-        releases = self._pending.take()
-        try:
-            self.store.abandon(placement.tenant, placement.session_id, placement.worker, placement.epoch,
-                               placement.template_id, self._clock(), releases)
-        except StoreError as exc:
-            self._store_failed(exc)
-        else:
-            self._pending.acknowledge(releases)
+        self._write(lambda releases: self.store.abandon(
+            placement.tenant, placement.session_id, placement.worker, placement.epoch, placement.template_id,
+            self._clock(), releases))
 
     def execute(self, request: RouteRequest, call: Callable[[str], T]) -> tuple[T, Placement]:
         """Run ``call(worker_url)`` on the session's worker; on a retryable BackendError move and retry
@@ -487,32 +486,22 @@ class Router:
         """Async :meth:`flush`."""
         if self.availability.degraded:
             return
-        releases = self._pending.take()
         reports = self._take_reports()
-        if releases is None and not reports:
-            return
-        try:
+
+        async def write(releases: Releases) -> None:
             if reports:
                 await self.store.areport_many(reports, self._clock(), releases)  # type: ignore[attr-defined]
-            else:
+            elif releases is not None:
                 await self.store.arelease_many(releases, self._clock())  # type: ignore[attr-defined]
-        except StoreError as exc:
-            self._store_failed(exc)
-        else:
-            self._pending.acknowledge(releases)
+
+        await self._awrite(write)
 
     async def areport(self, placement: Placement, *, prompt_tokens: int, cached_tokens: int) -> None:
         """Async :meth:`report`."""
         report = self._usage(placement, prompt_tokens, cached_tokens)
-        if report is None or self._queue_report(report):
-            return
-        releases = self._pending.take()
-        try:
-            await self.store.areport_many([report], self._clock(), releases)  # type: ignore[attr-defined]
-        except StoreError as exc:
-            self._store_failed(exc)
-        else:
-            self._pending.acknowledge(releases)
+        if report is not None and not self._queue_report(report):
+            await self._awrite(
+                lambda releases: self.store.areport_many([report], self._clock(), releases))  # type: ignore[attr-defined]
 
     async def asettle(self, placement: Placement, error: BaseException | None = None,
                       usage: Usage | None = None) -> None:
@@ -530,18 +519,9 @@ class Router:
 
     async def aabandon(self, placement: Placement) -> None:
         """Async :meth:`abandon`."""
-        if self.availability.degraded:
-            return
-        releases = self._pending.take()
-        try:
-            await self.store.aabandon(  # type: ignore[attr-defined]
-                placement.tenant, placement.session_id, placement.worker, placement.epoch,
-                placement.template_id, self._clock(), releases,
-            )  # fmt: skip
-        except StoreError as exc:
-            self._store_failed(exc)
-        else:
-            self._pending.acknowledge(releases)
+        await self._awrite(lambda releases: self.store.aabandon(  # type: ignore[attr-defined]
+            placement.tenant, placement.session_id, placement.worker, placement.epoch, placement.template_id,
+            self._clock(), releases))
 
     async def aexecute(self, request: RouteRequest, call: Callable[[str], Awaitable[T]]) -> tuple[T, Placement]:
         """Async :meth:`execute`: ``await call(worker_url)`` with the same failover."""
