@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import threading
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Series per template are bounded: the first this many template ids a process
+# sees get their own label (an agent's template comes with its first call and
+# stays), every later one counts under OTHER_TEMPLATE. Prompts that differ per
+# session (a customer number the templater cannot see) would otherwise add two
+# series per session for the life of the process.
+MAX_TEMPLATE_LABELS = 50
+OTHER_TEMPLATE = "other"
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class RouterMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, max_template_labels: int = MAX_TEMPLATE_LABELS) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.max_template_labels = max_template_labels
+        self._template_labels: set[str] = set()
+        self._labels_lock = threading.Lock()
         r = self.registry
         self.decisions = Counter(
             "agent_cache_routing_decisions", "Routing decisions by outcome", ["outcome"], registry=r
@@ -33,6 +46,17 @@ class RouterMetrics:
         )  # fmt: skip
         self.failovers = Counter("agent_cache_failovers", "Calls retried on another worker", ["worker"], registry=r)
         self.degraded = Gauge("agent_cache_store_degraded", "1 while routing without the store", registry=r)
+
+    def template_label(self, template_id: str | None) -> str:
+        """The ``template`` label of a template id: itself while labels last, then ``other``."""
+        tid = template_id or ""
+        with self._labels_lock:
+            if tid in self._template_labels:
+                return tid
+            if len(self._template_labels) < self.max_template_labels:
+                self._template_labels.add(tid)
+                return tid
+        return OTHER_TEMPLATE
 
     def hit_rate(self, template: str, worker: str) -> float | None:
         """cached / prompt tokens for one (template, worker), from this process's counters."""

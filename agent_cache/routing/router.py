@@ -369,7 +369,7 @@ class Router:
 
     def _usage(self, placement: Placement, prompt_tokens: int, cached_tokens: int) -> UsageReport | None:
         """Count a successful call's usage in the metrics; the report for the store, if it takes one."""
-        tid = placement.template_id or ""
+        tid = self.metrics.template_label(placement.template_id)
         self.metrics.prompt_tokens.labels(tid, placement.worker).inc(prompt_tokens)
         self.metrics.cached_tokens.labels(tid, placement.worker).inc(cached_tokens)
         if placement.outcome in _STORELESS or self.availability.degraded:
@@ -576,7 +576,7 @@ class Router:
         if self.availability.degraded:
             return
         try:
-            stats = self.store.stats(self._clock())
+            stats = self.store.stats(self._clock(), templates=False)  # workers only: cheap at any template count
         except StoreError:
             return
         for url, w in stats["workers"].items():

@@ -22,6 +22,11 @@ DEFAULT_SESSION_TTL = 30 * 60.0
 DEFAULT_TEMPLATE_WINDOW = 10 * 60.0
 
 
+def template_retention(session_ttl: float, template_window: float) -> float:
+    """Seconds a template's records outlive its last use: past its last session's TTL and two template windows."""
+    return max(session_ttl, 2 * template_window)
+
+
 @dataclass(frozen=True)
 class ReleaseBatch:
     """In-flight releases a router owes the store, safe to deliver twice.
@@ -167,7 +172,9 @@ class MetadataStore(Protocol):
 
     def template_info(self, tenant: str, template_id: str) -> dict[str, Any] | None: ...
 
-    def stats(self, now: float) -> dict[str, Any]: ...
+    def stats(self, now: float, *, templates: bool = True) -> dict[str, Any]:
+        """Workers, sessions, decisions and (unless ``templates=False``) the templates used within the window."""
+        ...
 
     def ping(self) -> None: ...
 

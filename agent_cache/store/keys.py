@@ -97,8 +97,9 @@ def workers_set(prefix: str) -> str:
     return f"{tag(prefix)}:workers"
 
 
-def templates_set(prefix: str) -> str:
-    return f"{tag(prefix)}:templates"
+def templates_in_use(prefix: str) -> str:
+    """Sorted set: template member -> last use (ms); members past the template retention are dropped."""
+    return f"{tag(prefix)}:tu"
 
 
 def outcomes(prefix: str) -> str:

@@ -97,12 +97,28 @@ local function activate(tag, sk, member, url, held, active, now)
 end
 """
 
+# A template's records (':t:', ':ts:', ':ti:', ':tis:') expire ``retention`` ms
+# after its last use, so they go with its last session; ':tu' indexes the
+# templates in use by last use (stats read the recent ones, the route script
+# drops the expired members).
+_TEMPLATES = r"""
+local function touch_template(tag, tmember, now, retention)
+  for _, kind in ipairs({':t:', ':ts:', ':ti:', ':tis:'}) do
+    redis.call('PEXPIRE', tag .. kind .. tmember, retention)  -- a no-op for a record not written yet
+  end
+  local tu = tag .. ':tu'
+  redis.call('ZADD', tu, tostring(now), tmember)
+  redis.call('PEXPIRE', tu, retention)
+end
+"""
+
 # Usage reports a router queued (they ride on its next store write, so a call
-# costs one round trip). ARGV from ``first``: their count, then per report the
-# session member, worker, epoch, template id, template member, prompt tokens,
-# cached tokens, now (ms). Returns the index after them.
+# costs one round trip). ARGV from ``first``: their count, the session key TTL
+# and the template retention (ms), then per report the session member, worker,
+# epoch, template id, template member, prompt tokens, cached tokens, now (ms).
+# Returns the index after them.
 _APPLY_REPORTS = r"""
-local function apply_report(tag, member, worker, epoch, tid, tmember, p, c, now)
+local function apply_report(tag, member, worker, epoch, tid, tmember, p, c, now, skey_ttl, retention)
   local sk = tag .. ':s:' .. member
   local wk = tag .. ':w:' .. worker
   redis.call('HINCRBY', wk, 'prompt_tokens', p)
@@ -116,30 +132,64 @@ local function apply_report(tag, member, worker, epoch, tid, tmember, p, c, now)
     local held = tonumber(rec[4] or '0')
     if p ~= held then redis.call('HINCRBY', tag .. ':kv', worker, p - held) end
     redis.call('ZADD', tag .. ':live', now, member)
+    redis.call('PEXPIRE', sk, skey_ttl)
   end
   if tid ~= '' then
     local ts = tag .. ':ts:' .. tmember
     redis.call('HINCRBY', ts, 'prompt_tokens', p)
     redis.call('HINCRBY', ts, 'cached_tokens', c)
     redis.call('ZADD', tag .. ':t:' .. tmember, now, worker)
-    redis.call('SADD', tag .. ':templates', tmember)
+    touch_template(tag, tmember, now, retention)
   end
 end
 
 local function apply_reports(tag, first)
   local n = tonumber(ARGV[first] or '0')
+  if n == 0 then return first + 1 end
+  local skey_ttl, retention = tonumber(ARGV[first + 1]), tonumber(ARGV[first + 2])
   for i = 0, n - 1 do
-    local j = first + 1 + 8 * i
+    local j = first + 3 + 8 * i
     apply_report(tag, ARGV[j], ARGV[j + 1], tonumber(ARGV[j + 2]), ARGV[j + 3], ARGV[j + 4],
-      tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6]), ARGV[j + 7])
+      tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6]), ARGV[j + 7], skey_ttl, retention)
   end
-  return first + 1 + 8 * n
+  return first + 3 + 8 * n
 end
 """
 
+# A session key carries a TTL of twice the session TTL, a safety net for a
+# deployment that stops routing: the purge below forgets sessions long before.
+# If Redis expired one first (no route for that long), its share of the
+# per-worker counts cannot be taken back one by one, so they are recounted
+# from the sessions that remain (O(live sessions), once after such a pause).
 _PURGE = r"""
-local function purge(tag, idle, cutoff)
+local function recount(tag)
+  local live, act = tag .. ':live', tag .. ':act'
+  local sessions, kv, an = {}, {}, {}
+  for _, m in ipairs(redis.call('ZRANGE', live, 0, -1)) do
+    local rec = redis.call('HMGET', tag .. ':s:' .. m, 'worker', 'held', 'active')
+    if rec[1] then
+      local url = rec[1]
+      sessions[url] = (sessions[url] or 0) + 1
+      if rec[3] ~= '0' then
+        kv[url] = (kv[url] or 0) + tonumber(rec[2] or '0')
+        an[url] = (an[url] or 0) + 1
+      end
+    else
+      redis.call('ZREM', live, m)
+      redis.call('ZREM', act, m)
+    end
+  end
+  redis.call('DEL', tag .. ':kv', tag .. ':an')
+  for _, url in ipairs(redis.call('SMEMBERS', tag .. ':workers')) do
+    redis.call('HSET', tag .. ':w:' .. url, 'sessions', sessions[url] or 0)
+  end
+  for url, n in pairs(kv) do redis.call('HSET', tag .. ':kv', url, n) end
+  for url, n in pairs(an) do redis.call('HSET', tag .. ':an', url, n) end
+end
+
+local function purge(tag, idle, cutoff, template_cutoff)
   local act, live = tag .. ':act', tag .. ':live'
+  local orphans = false
   -- removals first: at maxmemory Redis refuses a script's first write unless
   -- it frees memory, and lets every later write of a script that has written
   local quiet = redis.call('ZRANGEBYSCORE', act, '-inf', '(' .. tostring(idle), 'LIMIT', 0, 512)
@@ -147,6 +197,7 @@ local function purge(tag, idle, cutoff)
     local sk = tag .. ':s:' .. m
     redis.call('ZREM', act, m)
     local rec = redis.call('HMGET', sk, 'worker', 'held', 'active')
+    if not rec[1] then orphans = true end
     if rec[1] and rec[3] ~= '0' then
       redis.call('HSET', sk, 'active', '0')
       local held = tonumber(rec[2] or '0')
@@ -161,12 +212,19 @@ local function purge(tag, idle, cutoff)
     redis.call('DEL', sk)
     redis.call('ZREM', live, m)
     redis.call('ZREM', act, m)
-    if rec[1] then detach(tag, rec[1], tonumber(rec[2] or '0'), rec[3] ~= '0') end
+    if rec[1] then detach(tag, rec[1], tonumber(rec[2] or '0'), rec[3] ~= '0') else orphans = true end
+  end
+  if orphans then recount(tag) end
+  -- the expired templates' own keys expire by their TTL; only the index needs trimming
+  -- (checked first: a no-op removal would count as this script's first write)
+  local tu, below = tag .. ':tu', '(' .. tostring(template_cutoff)
+  if #redis.call('ZRANGEBYSCORE', tu, '-inf', below, 'LIMIT', 0, 1) > 0 then
+    redis.call('ZREMRANGEBYSCORE', tu, '-inf', below)
   end
 end
 """
 
-ROUTE = _APPLY_RELEASES + _FOOTPRINT + _APPLY_REPORTS + _PURGE + _LEASES + r"""
+ROUTE = _APPLY_RELEASES + _FOOTPRINT + _TEMPLATES + _APPLY_REPORTS + _PURGE + _LEASES + r"""
 local tag, member, tid, pool, tenant, sid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local now = tonumber(ARGV[7])
 local ttl = tonumber(ARGV[8])
@@ -181,7 +239,9 @@ local ikey, kvkey, ankey = tag .. ':inflight', tag .. ':kv', tag .. ':an'
 local cutoff = now - ttl
 
 local lease_ms = tonumber(ARGV[16])
-purge(tag, now - live_window, cutoff)  -- first: it frees memory even when Redis is at maxmemory
+local skey_ttl = 2 * ttl
+local retention = math.max(ttl, 2 * window)
+purge(tag, now - live_window, cutoff, now - retention)  -- first: it frees memory even when Redis is at maxmemory
 reclaim_leases(tag, now)
 local source_at = apply_reports(tag, 17)  -- the router's queued usage, before the pin is read
 apply_releases(tag, source_at)
@@ -327,6 +387,7 @@ if est > held then
   held = est
 end
 redis.call('HSET', skey, 'last_seen', tostring(now), 'steps', steps + 1, 'held', held)
+redis.call('PEXPIRE', skey, skey_ttl)
 redis.call('ZADD', tag .. ':live', tostring(now), member)
 redis.call('ZADD', tag .. ':act', tostring(now), member)
 redis.call('HINCRBY', ikey, chosen, 1)
@@ -336,8 +397,7 @@ if tid ~= '' then
     redis.call('HSET', skey, 'tprev', redis.call('ZSCORE', tkey, chosen) or '')
   end
   redis.call('ZADD', tkey, tostring(now), chosen)
-  redis.call('PEXPIRE', tkey, 2 * window)
-  redis.call('SADD', tag .. ':templates', tmember)
+  touch_template(tag, tmember, now, retention)
 end
 redis.call('HINCRBY', tag .. ':outcomes', outcome, 1)
 return {chosen, outcome, epoch, previous}
@@ -346,7 +406,7 @@ return {chosen, outcome, epoch, previous}
 # KEYS: the in-flight hash (declared for Redis Cluster's slot). ARGV: tag, then
 # the reports (a count, then 8 fields each: see _APPLY_REPORTS), then the
 # release batch. Writes what a router queued since its last store write.
-REPORTS = _APPLY_RELEASES + _FOOTPRINT + _APPLY_REPORTS + r"""
+REPORTS = _APPLY_RELEASES + _FOOTPRINT + _TEMPLATES + _APPLY_REPORTS + r"""
 apply_releases(ARGV[1], apply_reports(ARGV[1], 2))
 return 1
 """

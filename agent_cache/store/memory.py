@@ -22,8 +22,14 @@ from agent_cache.store.base import (
     RouteQuery,
     RouteResult,
     UsageReport,
+    template_retention,
     to_ms,
 )
+
+# Distinct sessions per template are counted exactly up to this many recent
+# ones (a session seen again after it left this window counts twice); the
+# Redis store's HyperLogLog is approximate in the same spirit, and bounded.
+_RECENT_SESSIONS = 1024
 
 
 class _Worker:
@@ -58,6 +64,8 @@ class MemoryStore:
         self._templates: dict[tuple[str, str], dict[str, int]] = {}  # -> worker -> last use (ms)
         self._template_stats: dict[tuple[str, str], list[int]] = {}  # -> [prompt, cached]
         self._template_info: dict[tuple[str, str], dict[str, Any]] = {}
+        # every template in use -> last use (ms), oldest first: its records go once it is past retention
+        self._template_use: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._workers: dict[str, _Worker] = {}
         self._outcomes: dict[str, int] = {}
         # every pinned session -> last use (ms), oldest first: expiry pops from the front
@@ -91,6 +99,19 @@ class MemoryStore:
             rec = self._sessions.pop(key, None)
             if rec is not None:
                 self._detach(rec)
+        gone = now_ms - to_ms(template_retention(self.session_ttl, self.template_window))
+        while self._template_use:
+            key, used = next(iter(self._template_use.items()))
+            if used >= gone:
+                break
+            del self._template_use[key]
+            self._templates.pop(key, None)
+            self._template_stats.pop(key, None)
+            self._template_info.pop(key, None)
+
+    def _use_template(self, key: tuple[str, str], now_ms: int) -> None:
+        self._template_use[key] = max(now_ms, self._template_use.get(key, now_ms))
+        self._template_use.move_to_end(key)
 
     def _detach(self, rec: dict[str, Any]) -> None:
         """Drop a session from its worker's accounting."""
@@ -199,6 +220,7 @@ class MemoryStore:
             if outcome != "pinned":  # what abandon() restores if this placement's call fails
                 rec["tprev"] = marks.get(url)
             marks[url] = now_ms
+            self._use_template((query.tenant, query.template_id), now_ms)
         self._outcomes[outcome] = self._outcomes.get(outcome, 0) + 1
 
     def _release(self, releases: ReleaseBatch | Mapping[str, int] | None) -> None:
@@ -270,6 +292,7 @@ class MemoryStore:
             st[0] += r.prompt_tokens
             st[1] += r.cached_tokens
             self._templates.setdefault((r.tenant, r.template_id), {})[r.worker] = now_ms
+            self._use_template((r.tenant, r.template_id), now_ms)
 
     def abandon(self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None,
                 now: float, releases: Releases = None) -> None:
@@ -312,12 +335,18 @@ class MemoryStore:
         self, tenant: str, template_id: str, token_length: int, session_id: str | None, now: float
     ) -> None:
         with self._lock:
+            key = (tenant, template_id)
             info = self._template_info.setdefault(
-                (tenant, template_id), {"first_seen": now, "sessions": set(), "token_length": token_length}
+                key, {"first_seen": now, "sessions": 0, "recent": OrderedDict(), "token_length": token_length}
             )
             info["token_length"] = token_length
-            if session_id is not None:
-                info["sessions"].add(session_id)
+            recent = info["recent"]
+            if session_id is not None and session_id not in recent:
+                info["sessions"] += 1
+                recent[session_id] = None
+                if len(recent) > _RECENT_SESSIONS:
+                    recent.popitem(last=False)
+            self._use_template(key, to_ms(now))
 
     def template_info(self, tenant: str, template_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -326,11 +355,11 @@ class MemoryStore:
                 return None
             return {
                 "first_seen": info["first_seen"],
-                "sessions": len(info["sessions"]),
+                "sessions": info["sessions"],
                 "token_length": info["token_length"],
             }
 
-    def stats(self, now: float) -> dict[str, Any]:
+    def stats(self, now: float, *, templates: bool = True) -> dict[str, Any]:
         now_ms = to_ms(now)
         with self._lock:
             # Read-only, like the Redis store: expired sessions are purged on the next route.
@@ -342,17 +371,20 @@ class MemoryStore:
                     "prompt_tokens": w.prompt, "cached_tokens": w.cached,
                 }  # fmt: skip
             cutoff = now_ms - to_ms(self.template_window)
-            templates = {}
-            for (tenant, tid), used in self._templates.items():
+            used_templates = {}
+            for (tenant, tid), last in reversed(self._template_use.items()):  # the recent ones: O(live)
+                if last < cutoff or not templates:
+                    break
+                used = self._templates.get((tenant, tid), {})
                 st = self._template_stats.get((tenant, tid), [0, 0])
-                templates[f"{tenant}/{tid}"] = {
+                used_templates[f"{tenant}/{tid}"] = {
                     "workers": sorted(u for u, t in used.items() if t >= cutoff),
                     "prompt_tokens": st[0],
                     "cached_tokens": st[1],
                 }
             return {
                 "workers": workers,
-                "templates": templates,
+                "templates": used_templates,
                 "sessions": sum(w["sessions"] for w in workers.values()),
                 "outcomes": dict(self._outcomes),
             }

@@ -31,6 +31,7 @@ from agent_cache.store.base import (
     RouteResult,
     UsageReport,
     WorkerSpec,
+    template_retention,
     to_ms,
 )
 
@@ -151,6 +152,7 @@ class RedisStore:
         self.prefix = prefix
         self.session_ttl = session_ttl
         self.template_window = template_window
+        self._retention = template_retention(session_ttl, template_window)
         self._tag = keys.tag(prefix)
         self._cluster = cluster or (url is not None and urlsplit(url).scheme.endswith("+cluster"))
         self._options = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout, **redis_options}
@@ -260,8 +262,10 @@ class RedisStore:
         return RouteResult(worker or None, outcome, int(epoch), previous or None)
 
     def _reports_args(self, reports: Sequence[UsageReport]) -> list[Any]:
-        """Queued usage reports as script arguments: their count, then 8 fields each (see lua._APPLY_REPORTS)."""
-        out: list[Any] = [len(reports)]
+        """Queued usage reports as script arguments: their count, two TTLs, then 8 fields each (lua._APPLY_REPORTS)."""
+        if not reports:
+            return [0]
+        out: list[Any] = [len(reports), 2 * to_ms(self.session_ttl), to_ms(self._retention)]
         for r in reports:
             t = r.template_id or ""
             out += [keys.member(r.tenant, r.session_id), r.worker, int(r.epoch), t, keys.member(r.tenant, t),
@@ -338,12 +342,17 @@ class RedisStore:
     ) -> None:
         info = keys.template_info(self.prefix, tenant, template_id)
 
-        def run() -> None:
+        sessions = keys.template_sessions(self.prefix, tenant, template_id)
+        retention = to_ms(self._retention)
+
+        def run() -> None:  # expires with the template's other records (lua._TEMPLATES)
             pipe = self._client.pipeline(transaction=not self._cluster)
             pipe.hsetnx(info, "first_seen", repr(float(now)))
             pipe.hset(info, "token_length", int(token_length))
+            pipe.pexpire(info, retention)
             if session_id is not None:
-                pipe.pfadd(keys.template_sessions(self.prefix, tenant, template_id), session_id)
+                pipe.pfadd(sessions, session_id)
+                pipe.pexpire(sessions, retention)
             pipe.execute()
 
         self._call(run)
@@ -366,8 +375,8 @@ class RedisStore:
         d = {k.decode(): v.decode() for k, v in raw.items()}
         return {"first_seen": float(d["first_seen"]), "sessions": int(count), "token_length": int(d["token_length"])}
 
-    def stats(self, now: float) -> dict[str, Any]:
-        return self._call(lambda: _collect_stats(self, self._client, now))
+    def stats(self, now: float, *, templates: bool = True) -> dict[str, Any]:
+        return self._call(lambda: _collect_stats(self, self._client, now, templates))
 
     def ping(self) -> None:
         self._call(self._client.ping)
@@ -481,12 +490,15 @@ def _decode_record(raw: dict[Any, Any]) -> dict[str, Any]:
     return rec
 
 
-def _collect_stats(store: RedisStore, client: Any, now: float) -> dict[str, Any]:
+def _collect_stats(store: RedisStore, client: Any, now: float, with_templates: bool) -> dict[str, Any]:
     p = store.prefix
     now_ms = to_ms(now)
     window = now_ms - to_ms(store.template_window)
     workers = sorted(m.decode() for m in client.smembers(keys.workers_set(p)))
-    templates = sorted(m.decode() for m in client.smembers(keys.templates_set(p)))
+    # the templates used within the window: O(live), not every template ever seen
+    templates = []
+    if with_templates:
+        templates = sorted(m.decode() for m in client.zrangebyscore(keys.templates_in_use(p), window, "+inf"))
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(keys.inflight(p))
     pipe.hgetall(keys.kv_tokens(p))

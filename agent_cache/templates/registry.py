@@ -41,12 +41,14 @@ class TemplateRegistry:
     the record, and a background thread writes the queue ``flush_delay``
     seconds later, so template bookkeeping never slows or stalls a call.
     While the store is unreachable the queue waits (at most ``max_pending``
-    records; the oldest are dropped first). With ``store_text=True`` the
+    records; the oldest are dropped first). One record is written per
+    (template, session) among the ``dedupe`` most recent; a pair seen again
+    after that is written again, which the store counts once. With ``store_text=True`` the
     stable text is kept in this object only (diagnostics).
     """
 
     def __init__(self, store: TemplateStore, *, store_text: bool = False,
-                 clock: Callable[[], float] = time.time, dedupe: int = 50_000, flush_delay: float = 0.05,
+                 clock: Callable[[], float] = time.time, dedupe: int = 1024, flush_delay: float = 0.05,
                  max_pending: int = 10_000) -> None:
         self.store = store
         self.store_text = store_text

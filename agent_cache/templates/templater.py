@@ -60,7 +60,10 @@ _CL100K_PATTERN = (r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}
 _PIECE_CUT = re.compile(r"\n(?=\S)")
 _PIECE_TOKENS: dict[str, int] = {}  # piece (a newline follows it) -> tokens of piece + "\n"
 _TAIL_TOKENS: dict[str, int] = {}  # last piece of a text -> its tokens
-_PIECE_CAPACITY = 200_000
+# Memo sizes: bounded so that prompts differing per session (each piece new)
+# keep process memory flat; a memo that fills is cleared and refills.
+_PIECE_CAPACITY = 4096
+_TOKEN_LENGTHS_KEPT = 1024  # template id -> token length, most recent
 
 
 def token_count(text: str) -> int:
@@ -153,14 +156,17 @@ class Templater:
         self._freeze_capacity = freeze_capacity
         self._frozen: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
         self._extracted: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, dict[str, str]]] = OrderedDict()
-        self._tokens: dict[str, int] = {}  # template id -> token length (tokenise once per template)
+        # template id -> token length: tokenise once per template, for the most recent ones
+        self._tokens: OrderedDict[str, int] = OrderedDict()
 
     def _token_length(self, tid: str, stable: str) -> int:
         n = self._tokens.get(tid)
         if n is None:
-            if len(self._tokens) > 100_000:
-                self._tokens.clear()
             n = self._tokens[tid] = token_count(stable)
+            if len(self._tokens) > _TOKEN_LENGTHS_KEPT:
+                self._tokens.popitem(last=False)
+        else:
+            self._tokens.move_to_end(tid)
         return n
 
     def normalize(
