@@ -28,8 +28,10 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
 
 from agent_cache.backends.protocol import Usage
+from agent_cache.backends.request_check import check_chat_request
 from agent_cache.backends.sglang import AsyncSGLangClient, SGLangClient, normalize_worker_url
 from agent_cache.errors import ConfigError, TemplateError
+from agent_cache.routing.config import check_tenant
 from agent_cache.routing.lifecycle import Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.templates import NormalizedPrompt, Templater, TemplateRegistry
@@ -146,6 +148,12 @@ class ChatSGLang(BaseChatModel):
             redis_url = self.redis_url.get_secret_value() if self.redis_url is not None else None
             router = Router(urls, redis_url=redis_url, probe_interval=interval)
         try:
+            self._check_options(router)
+        except ConfigError:
+            if self.router is None:
+                router.close()
+            raise
+        try:
             self._templater = Templater(
                 self.templates,
                 variables=self.template_variables,
@@ -158,6 +166,17 @@ class ChatSGLang(BaseChatModel):
         self._registry = TemplateRegistry(router.store)
         self._router = router
         return self
+
+    def _check_options(self, router: Router) -> None:
+        """Tenant, pool and request options, checked when the model is made rather than at its first call."""
+        check_tenant(self.tenant)
+        if self.pool is not None and not any(w.pool == self.pool for w in router.workers):
+            pools = sorted({w.pool for w in router.workers})
+            raise ConfigError("pool", f"no worker is in pool {self.pool!r}; the workers' pools: {pools}")
+        options = {"temperature": self.temperature, "max_tokens": self.max_tokens, "stop": self.stop,
+                   **self.model_kwargs, "extra_body": self.extra_body}
+        check_chat_request([], {k: v for k, v in options.items() if v is not None},
+                           {"extra_key": router.extra_key_for(self.tenant)})
 
     @property
     def routing(self) -> Router:
@@ -299,13 +318,15 @@ class ChatSGLang(BaseChatModel):
             params["extra_body"] = extra
         stops = stop or params.pop("stop", None) or self.stop
         params["stop"] = stops or None
-        prompt = self._templater.normalize(
-            to_openai_messages(messages), params.get("tools"), session_id=session_id, variables=call_variables
-        )
+        raw_messages = to_openai_messages(messages)
+        extra_key = self._router.extra_key_for(self.tenant)
+        # bad input fails here, naming its field, before anything is routed or written
+        check_chat_request(raw_messages, params, {"extra_key": extra_key})
+        prompt = self._templater.normalize(raw_messages, params.get("tools"), session_id=session_id,
+                                           variables=call_variables)
         if prompt.tools is not None:
             params["tools"] = prompt.tools
-        extra_key = self._router.extra_key_for(self.tenant)
-        if extra_key is not None and "extra_key" not in params:
+        if extra_key is not None:
             params["extra_key"] = extra_key  # keeps tenants apart in the worker's radix cache
         request = RouteRequest(session_id=session_id, template_id=prompt.template_id, tenant=self.tenant,
                                pool=self.pool, prompt_tokens_estimate=prompt.template_tokens)
@@ -375,7 +396,7 @@ class ChatSGLang(BaseChatModel):
 
     def _final_chunk(self, call: _Call, placement: Placement, state: dict[str, Any]) -> ChatGenerationChunk:
         """The last chunk of a call a worker served (its usage and metadata); records its template."""
-        self._registry.record(self.tenant, call.prompt, call.session_id)  # queued: no I/O here
+        self._registry.record(self.tenant, call.prompt, placement.session_id)  # queued: no I/O here
         usage: Usage | None = state.get("usage")
         cached = (usage.cached_tokens or 0) if usage else None
         meta = self._metadata(call, placement, state.get("model", ""), state.get("finish"), cached)

@@ -26,12 +26,14 @@ def _parts(content: Any) -> str | list[dict[str, Any]]:
     if isinstance(content, str):
         return content
     parts: list[dict[str, Any]] = []
-    for part in content or []:
+    for j, part in enumerate(content or []):
         if isinstance(part, str):
             parts.append({"type": "text", "text": part})
         elif isinstance(part, dict) and part.get("type") == "text":
             parts.append({"type": "text", "text": str(part.get("text", ""))})
         elif isinstance(part, dict) and part.get("type") == "image_url":
+            if not part.get("image_url"):
+                raise ConfigError(f"content[{j}].image_url", "an image_url part needs its image_url")
             parts.append({"type": "image_url", "image_url": part["image_url"]})
         # other blocks (tool_use, reasoning, ...) carry nothing the worker renders
     return parts
@@ -75,11 +77,18 @@ def to_openai_message(message: BaseMessage) -> dict[str, Any]:
         return {"role": "tool", "content": _text(message.content), "name": message.name}
     if isinstance(message, ChatMessage):
         return {"role": message.role, "content": _parts(message.content)}
-    raise ConfigError("messages", f"unsupported message type {type(message).__name__}")
+    raise ConfigError("type", f"unsupported message type {type(message).__name__}")
 
 
 def to_openai_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-    return [to_openai_message(m) for m in messages]
+    out = []
+    for i, m in enumerate(messages):
+        try:
+            out.append(to_openai_message(m))
+        except ConfigError as exc:  # name the message: messages[2].content[0].image_url
+            field = exc.field if exc.field.startswith("messages") else f"messages[{i}].{exc.field}"
+            raise ConfigError(field, str(exc).split(": ", 1)[-1]) from None
+    return out
 
 
 def usage_metadata(prompt: int, completion: int, cached: int) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""Validation of the router's worker list and pool fractions."""
+"""Validation of the router's worker list, pool fractions, tenants and session ids."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -10,6 +11,11 @@ from agent_cache.backends.sglang import normalize_worker_url
 from agent_cache.errors import ConfigError
 
 DEFAULT_POOL = "default"
+# A session id is part of every store key of its session (three times in
+# Redis); a longer one is stored as its SHA-256, never raw.
+MAX_SESSION_ID = 256
+# A tenant names keys, template ids and the worker's cache namespace (extra_key).
+MAX_TENANT = 128
 
 
 @dataclass(frozen=True)
@@ -66,3 +72,30 @@ def parse_pools(pools: Mapping[str, float] | None, known: set[str]) -> dict[str,
     if abs(sum(out.values()) - 1.0) > 1e-6:
         raise ConfigError("pools", f"fractions must sum to 1, got {sum(out.values())}")
     return out
+
+
+def _utf8(value: str, field: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(field, f"not valid Unicode text ({exc.reason} at character {exc.start})") from None
+
+
+def check_tenant(tenant: object, field: str = "tenant") -> str:
+    """A tenant: a non-empty string of printable characters, at most :data:`MAX_TENANT` long."""
+    if not isinstance(tenant, str) or not tenant:
+        raise ConfigError(field, f"expected a non-empty string, got {tenant!r}")
+    if len(tenant) > MAX_TENANT:
+        raise ConfigError(field, f"at most {MAX_TENANT} characters, got {len(tenant)}")
+    if not tenant.isprintable():
+        raise ConfigError(field, f"must not contain control characters, got {tenant!r}")
+    _utf8(tenant, field)
+    return tenant
+
+
+def session_key(session_id: str) -> str:
+    """The id a session is stored under: itself, or ``sha256:<hex>`` when longer than :data:`MAX_SESSION_ID`."""
+    _utf8(session_id, "session_id")
+    if len(session_id) <= MAX_SESSION_ID:
+        return session_id
+    return "sha256:" + hashlib.sha256(session_id.encode("utf-8")).hexdigest()

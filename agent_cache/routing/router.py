@@ -30,7 +30,15 @@ from agent_cache.errors import (
     WorkerConnectionError,
     WorkerTimeoutError,
 )
-from agent_cache.routing.config import DEFAULT_POOL, WorkerConfig, parse_pools, parse_worker, parse_workers
+from agent_cache.routing.config import (
+    DEFAULT_POOL,
+    WorkerConfig,
+    check_tenant,
+    parse_pools,
+    parse_worker,
+    parse_workers,
+    session_key,
+)
 from agent_cache.routing.degraded import StoreAvailability, logger
 from agent_cache.placement.hashing import pool_for_session, rendezvous_pick
 from agent_cache.routing.health import HealthTracker
@@ -233,16 +241,17 @@ class Router:
         return tuple(out)
 
     def _query(self, request: RouteRequest, exclude: set[str]) -> RouteQuery:
-        if not request.session_id:
+        if not isinstance(request.session_id, str) or not request.session_id:
             raise ConfigError("session_id", "a non-empty session id is needed to route")
+        check_tenant(request.tenant)
         pool = self.pool_for(request)
         return RouteQuery(
-            request.tenant, request.session_id, request.template_id, pool,
+            request.tenant, session_key(request.session_id), request.template_id, pool,
             self._specs(pool, exclude), request.prompt_tokens_estimate,
         )  # fmt: skip
 
     def _degraded(self, request: RouteRequest, query: RouteQuery) -> Placement:
-        worker = rendezvous_pick(request.session_id, [w.url for w in query.workers if w.state == UP])
+        worker = rendezvous_pick(query.session_id, [w.url for w in query.workers if w.state == UP])
         if worker is None:
             raise NoHealthyWorkerError(f"no healthy worker in pool {query.pool!r}")
         return self._placed(request, query, worker, "degraded", 0)
@@ -250,7 +259,7 @@ class Router:
     def _placed(self, request: RouteRequest, query: RouteQuery, worker: str, outcome: str, epoch: int) -> Placement:
         self.metrics.decisions.labels(outcome).inc()
         self.metrics.inflight.labels(worker).inc()
-        return Placement(worker, outcome, epoch, request.session_id, request.tenant, request.template_id, query.pool)
+        return Placement(worker, outcome, epoch, query.session_id, request.tenant, request.template_id, query.pool)
 
     def _from_result(self, request: RouteRequest, query: RouteQuery, result: Any) -> Placement:
         if result.worker is None:
@@ -350,7 +359,7 @@ class Router:
         releases = self._pending.take()
         try:
             write(releases)
-        except StoreError as exc:
+        except (StoreError, ConfigError) as exc:  # a Redis refusing this client fails routes, not background writes
             self._store_failed(exc)
         else:
             self._pending.acknowledge(releases)
@@ -362,7 +371,7 @@ class Router:
         releases = self._pending.take()
         try:
             await write(releases)
-        except StoreError as exc:
+        except (StoreError, ConfigError) as exc:
             self._store_failed(exc)
         else:
             self._pending.acknowledge(releases)
@@ -404,7 +413,7 @@ class Router:
         if report is not None and not self._queue_report(report):
             self._write(lambda releases: self.store.report_many([report], self._clock(), releases))
 
-    def _store_failed(self, exc: StoreError) -> None:
+    def _store_failed(self, exc: StoreError | ConfigError) -> None:
         if isinstance(exc, StoreUnavailableError):
             self.availability.failed(exc)
             self.metrics.degraded.set(1)
@@ -577,7 +586,7 @@ class Router:
             return
         try:
             stats = self.store.stats(self._clock(), templates=False)  # workers only: cheap at any template count
-        except StoreError:
+        except (StoreError, ConfigError):
             return
         for url, w in stats["workers"].items():
             self.metrics.live_sessions.labels(url).set(w["sessions"])

@@ -91,7 +91,23 @@ def delete_deployment(redis_url: str, prefix: str) -> int:
         client.close()
 
 
-def _map_errors(exc: Exception) -> StoreError:
+# Redis answers but refuses this client: a wrong password or user, no
+# password, a database index it does not have, an ACL rule without a command
+# the scripts run. Retrying cannot help, so it is a configuration error
+# naming redis_url, not the degraded mode an unreachable Redis gets.
+_MISCONFIGURED = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthorizationError,
+    redis.exceptions.NoPermissionError,
+)
+_MISCONFIGURED_REPLIES = ("NOAUTH", "NOPERM", "WRONGPASS", "DB index is out of range",
+                          "can't run this command")  # the last: a command refused inside a script
+
+
+def _map_errors(exc: Exception) -> StoreError | ConfigError:
+    if isinstance(exc, _MISCONFIGURED) or any(reply in str(exc) for reply in _MISCONFIGURED_REPLIES):
+        return ConfigError("redis_url", f"Redis refused this client ({exc}); check the user, password, database "
+                                        "index and ACL rules (docs/deploying-redis.md)")
     if isinstance(exc, _UNAVAILABLE):
         return StoreUnavailableError(f"redis unavailable: {exc}")
     if isinstance(exc, _CANNOT_WRITE):

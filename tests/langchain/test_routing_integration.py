@@ -13,6 +13,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 
 from agent_cache import ChatSGLang
 from agent_cache.errors import ConfigError
+from agent_cache.routing import Router
 from agent_cache.sim import SimFleet
 from agent_cache.store import RedisStore
 
@@ -81,6 +82,39 @@ def test_tenants_never_share_cached_prefixes() -> None:
         assert g1.usage_metadata["input_token_details"]["cache_read"] == 0  # same text, other tenant: no hit
         assert a2.usage_metadata["input_token_details"]["cache_read"] >= a1.usage_metadata["input_tokens"] - 1
         assert a1.response_metadata["template_id"] != g1.response_metadata["template_id"]
+
+
+def test_a_caller_cannot_set_another_tenants_cache_namespace(redis_server, prefix) -> None:
+    """extra_key and cache_salt belong to the router: a per-call override is refused, nothing is written."""
+    import redis as redis_py
+
+    raw = redis_py.Redis.from_url(redis_server.url)
+    with SimFleet(1) as fleet:
+        store = RedisStore(redis_server.url, prefix=prefix)
+        acme = ChatSGLang(model="sim", base_url=fleet.urls[0], tenant="acme", max_tokens=4)
+        globex = ChatSGLang(model="sim", base_url=fleet.urls[0], tenant="globex", max_tokens=4,
+                            router=Router(fleet.urls, store=store, probe_interval=None))
+        prompt = [SystemMessage(SYSTEM), HumanMessage("where is my parcel?")]
+        acme.invoke(prompt, session_id="a1")
+        attempts = [
+            ({"extra_body": {"extra_key": "acme"}}, "extra_body.extra_key"),
+            ({"extra_key": "acme"}, "extra_key"),
+            ({"extra_body": {"cache_salt": "ac", "extra_key": "me"}}, "extra_body.extra_key"),
+            ({"cache_salt": "acme"}, "cache_salt"),
+        ]
+        for kwargs, field in attempts:
+            with pytest.raises(ConfigError) as err:
+                globex.invoke(prompt, session_id="g-sneaky", **kwargs)
+            assert err.value.field == field
+        assert not list(raw.scan_iter(match="{" + prefix + "}:*"))  # refused before routing: no key written
+        with pytest.raises(ConfigError) as err:  # the default tenant has no namespace to lend either
+            ChatSGLang(model="sim", base_url=fleet.urls[0], extra_body={"extra_key": "acme"})
+        assert err.value.field == "extra_body.extra_key"
+        own = globex.invoke(prompt, session_id="g1", extra_body={"extra_key": "globex"})  # its own: allowed
+        assert own.usage_metadata["input_token_details"]["cache_read"] == 0  # no cross-tenant cached token
+        globex.close()
+        acme.close()
+    raw.close()
 
 
 def test_redis_killed_mid_run_no_call_fails(redis_server_factory) -> None:

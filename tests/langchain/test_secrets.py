@@ -69,3 +69,13 @@ def test_errors_and_the_stats_command_hide_it(locked_redis) -> None:
     ok = subprocess.run([sys.executable, "-m", "agent_cache.cli", "stats", "--redis", locked_redis],
                         capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and CANARY not in ok.stdout + ok.stderr
+
+
+def test_a_wrong_password_fails_the_call_with_a_config_error(lc_fleet, locked_redis) -> None:
+    wrong = locked_redis.replace(CANARY, "not-the-password")
+    model = ChatSGLang(model="sim", workers=lc_fleet.urls, redis_url=wrong, max_tokens=4)
+    with pytest.raises(ConfigError) as err:
+        model.invoke([HumanMessage("hi")], session_id="s-wrong-pw")
+    assert err.value.field == "redis_url" and "not-the-password" not in str(err.value)
+    assert not model.routing.availability.degraded  # refused, not away: no silent degraded routing
+    model.close()

@@ -1,0 +1,111 @@
+"""A chat completion request checked before it is routed: bad input fails here, naming its field.
+
+Run before the router places the call, so a request that SGLang would refuse
+(or that cannot even be encoded as JSON) writes nothing to the store and
+costs no worker a round trip. The option ranges are SGLang's own
+(``SamplingParams.verify`` in ``sglang/srt/sampling/sampling_params.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+from agent_cache.backends.protocol import CHAT_FIELDS
+from agent_cache.errors import ConfigError
+
+# Fields that namespace the worker's prefix cache: the router sets them from
+# the tenant, so a caller cannot read (or time) another tenant's cached prompts.
+TENANT_FIELDS = ("extra_key", "cache_salt")
+
+# option -> (lowest, highest, whether the lowest is allowed), as SGLang verifies them
+_RANGES: dict[str, tuple[float, float, bool]] = {
+    "temperature": (0.0, math.inf, True),
+    "top_p": (0.0, 1.0, False),
+    "min_p": (0.0, 1.0, True),
+    "frequency_penalty": (-2.0, 2.0, True),
+    "presence_penalty": (-2.0, 2.0, True),
+    "repetition_penalty": (0.0, 2.0, False),
+}
+_COUNTS = {"max_tokens": 0, "max_completion_tokens": 0, "min_tokens": 0, "n": 1, "top_logprobs": 0}
+_INTEGERS = ("top_k", "seed")
+
+
+def check_chat_request(
+    messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any], owned: Mapping[str, str | None]
+) -> None:
+    """Raise :class:`ConfigError` naming the field for a request SGLang or the router would refuse.
+
+    ``params``: the chat completion fields (``extra_body`` included, merged
+    as the client merges it); ``owned``: the router's value for each of
+    :data:`TENANT_FIELDS` (``None``: the field must not be set).
+    """
+    extra = params.get("extra_body") or {}
+    if not isinstance(extra, Mapping):
+        raise ConfigError("extra_body", f"expected a mapping, got {type(extra).__name__}")
+    unknown = sorted(str(k) for k in params if k != "extra_body" and k not in CHAT_FIELDS)
+    if unknown:
+        raise ConfigError(unknown[0], f"not a chat completion field SGLang accepts (unknown: {unknown})")
+    for field in TENANT_FIELDS:
+        for where, source in ((field, params), (f"extra_body.{field}", extra)):
+            value = source.get(field)
+            if value is not None and value != owned.get(field):
+                raise ConfigError(where, "set by the router from the model's tenant, so one tenant cannot reach "
+                                         "another's cached prompts; give ChatSGLang(tenant=...) instead")
+    merged = {**{k: v for k, v in params.items() if k != "extra_body"}, **extra}
+    for name, (low, high, low_ok) in _RANGES.items():
+        value = merged.get(name)
+        if value is None:
+            continue
+        if not _is_number(value) or not math.isfinite(value):
+            raise ConfigError(name, f"expected a finite number, got {value!r}")
+        if value < low or (value == low and not low_ok) or value > high:
+            bounds = f"{'[' if low_ok else '('}{low}, {high}]"
+            raise ConfigError(name, f"must be within {bounds}, got {value!r}")
+    for name, least in _COUNTS.items():
+        value = merged.get(name)
+        if value is not None and (not _is_integer(value) or value < least):
+            raise ConfigError(name, f"expected an integer >= {least}, got {value!r}")
+    for name in _INTEGERS:
+        value = merged.get(name)
+        if value is not None and not _is_integer(value):
+            raise ConfigError(name, f"expected an integer, got {value!r}")
+    _check_json(messages, "messages")
+    for name, value in merged.items():
+        _check_json(value, str(name))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_json(value: Any, path: str) -> None:
+    """Raise for the first part of ``value`` that strict JSON in UTF-8 cannot carry, naming its path."""
+    if value is None or isinstance(value, (bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(path, f"{value!r} is not a number JSON can carry")
+        return
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError(path, f"not valid Unicode text ({exc.reason} at character {exc.start})") from None
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ConfigError(path, f"keys must be strings, got {key!r}")
+            _check_json(key, path)
+            _check_json(item, f"{path}.{key}")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_json(item, f"{path}[{i}]")
+        return
+    raise ConfigError(path, f"a {type(value).__name__} cannot be sent as JSON")
