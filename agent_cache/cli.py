@@ -154,6 +154,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent-cache", description="Prefix-cache-aware middleware for LLM agents on SGLang")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub)
     _add_demo(sub)
@@ -161,6 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sim_worker(sub)
     _add_stats(sub)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("agent-cache")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from agent_cache import __version__
+
+        return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

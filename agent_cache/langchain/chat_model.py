@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import difflib
+import inspect
 import os
 import weakref
 from dataclasses import dataclass
@@ -35,8 +37,9 @@ from agent_cache.routing.config import check_tenant
 from agent_cache.routing.lifecycle import Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.templates import NormalizedPrompt, Templater, TemplateRegistry
+from agent_cache.templates.templater import encoder
 from agent_cache.langchain.messages import to_ai_chunk, to_openai_messages, usage_metadata
-from agent_cache.langchain.sessions import resolve_session_id, session_from_config
+from agent_cache.langchain.sessions import conversation_session, resolve_session_id, session_from_config
 
 _RETRY_BASE = 0.2  # seconds; doubles per attempt
 DEFAULT_PROBE_INTERVAL = 5.0  # active /health probes when there is more than one worker to fail over to
@@ -61,6 +64,18 @@ class _Call:
     include_usage: bool
 
 
+def _unknown_option(name: str) -> ConfigError:
+    known = set(ChatSGLang.model_fields) | {f.alias for f in ChatSGLang.model_fields.values() if f.alias}
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    if close:
+        hint = f"; did you mean {close[0]!r}?"
+    elif name in inspect.signature(Router).parameters:
+        hint = f"; it is a Router option: ChatSGLang(router=Router(workers, {name}=...), ...)"
+    else:
+        hint = "; request fields go in model_kwargs or extra_body"
+    return ConfigError(name, f"ChatSGLang has no option {name!r}{hint}")
+
+
 class ChatSGLang(BaseChatModel):
     """Chat model for SGLang workers (OpenAI-compatible ``/v1/chat/completions``).
 
@@ -69,7 +84,8 @@ class ChatSGLang(BaseChatModel):
     prompt prefix is served from that worker's radix cache.
     """
 
-    model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True)
+    # an unknown or misspelt option is an error naming it, never silently dropped
+    model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True, extra="forbid")
 
     model_name: str = Field(default="default", alias="model")
     base_url: str | None = None
@@ -93,6 +109,7 @@ class ChatSGLang(BaseChatModel):
     tenant: str = "default"
     pool: str | None = None
     health_probe_interval: float | None = None
+    infer_sessions: bool = True  # a call without a session id: the session of its conversation's start
 
     _router: Router = PrivateAttr()
     _templater: Templater = PrivateAttr()
@@ -104,6 +121,15 @@ class ChatSGLang(BaseChatModel):
         # Checked before pydantic so the caller sees ConfigError naming the field,
         # not a ValidationError wrapping it.
         base_url, workers = kwargs.get("base_url"), kwargs.get("workers")
+        router = kwargs.get("router")
+        if isinstance(router, Router):
+            urls = [w.url for w in router.workers]
+            given = [base_url] if base_url is not None else list(workers or [])
+            if given and [normalize_worker_url(u, "workers") for u in given] != urls:
+                raise ConfigError("workers", f"router= brings its own workers {urls}; leave base_url/workers out "
+                                             "or give the same list")
+            if not given:  # the router's workers are the model's
+                workers = kwargs["workers"] = urls
         if base_url is None and not workers:  # environment second, after keywords
             base_url = kwargs["base_url"] = os.environ.get("AGENT_CACHE_BASE_URL") or None
             env_workers = os.environ.get("AGENT_CACHE_WORKERS", "")
@@ -133,6 +159,8 @@ class ChatSGLang(BaseChatModel):
                 cause = (err.get("ctx") or {}).get("error")
                 if isinstance(cause, ConfigError):
                     raise cause from None
+                if err.get("type") == "extra_forbidden":
+                    raise _unknown_option(str(err["loc"][0])) from None
             raise
 
     @model_validator(mode="after")
@@ -189,6 +217,13 @@ class ChatSGLang(BaseChatModel):
     def lc_secrets(self) -> dict[str, str]:
         """Fields LangChain's serialisation replaces by a reference to their environment variable."""
         return {"api_key": "AGENT_CACHE_API_KEY", "redis_url": "AGENT_CACHE_REDIS_URL"}
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids by tiktoken's cl100k (offline): an estimate, as the templates' token lengths are.
+
+        The worker's own tokenizer is exact: ``SGLangClient(url).tokenize(text)`` (SGLang 0.5.4+).
+        """
+        return list(encoder().encode(text, disallowed_special=()))
 
     @property
     def _llm_type(self) -> str:
@@ -303,7 +338,10 @@ class ChatSGLang(BaseChatModel):
         whole: bool = False,
     ) -> _Call:
         kwargs = dict(kwargs)
-        session_id = resolve_session_id(kwargs.get("session_id"), run_manager, kwargs.get("_config_session"))
+        raw_messages = to_openai_messages(messages)
+        inferred = conversation_session(raw_messages) if self.infer_sessions else None
+        session_id = resolve_session_id(kwargs.get("session_id"), run_manager, kwargs.get("_config_session"),
+                                        inferred)
         # a whole message always carries its usage; a stream only if asked (stream_usage)
         include_usage = whole or bool(kwargs.get("stream_usage", self.stream_usage))
         call_variables = kwargs.get("template_variables")  # read before the local kwargs are stripped
@@ -318,7 +356,6 @@ class ChatSGLang(BaseChatModel):
             params["extra_body"] = extra
         stops = stop or params.pop("stop", None) or self.stop
         params["stop"] = stops or None
-        raw_messages = to_openai_messages(messages)
         extra_key = self._router.extra_key_for(self.tenant)
         # bad input fails here, naming its field, before anything is routed or written
         check_chat_request(raw_messages, params, {"extra_key": extra_key})

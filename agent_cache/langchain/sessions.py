@@ -3,19 +3,40 @@
 Order: an explicit ``session_id`` (bind/invoke kwarg, or set by the agent
 middleware), the callback metadata ``thread_id``, the ambient runnable config
 (``configurable.session_id``, ``configurable.thread_id``, ``metadata.thread_id``),
-and otherwise a fresh id so the call is its own session.
+and otherwise the conversation's own: ``conv-<hash>`` of its start (the
+leading system messages and the first message after them), which every step
+of one agent run repeats, so a run without a thread id still sticks to one
+worker (``ChatSGLang(infer_sessions=False)``: a fresh id per call instead).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config
 
 from agent_cache.errors import ConfigError
+
+
+def conversation_session(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The session of a call without an id: ``conv-`` and a hash of the conversation's start.
+
+    The start is the leading system/developer messages and the first message
+    after them (the task). Runs with the same start share the session, which
+    is harmless for caching: they share that prefix too.
+    """
+    start = []
+    for m in messages:
+        start.append([m.get("role"), m.get("content")])
+        if m.get("role") not in ("system", "developer"):
+            break
+    text = json.dumps(start, ensure_ascii=False, sort_keys=True, default=str)
+    return "conv-" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _from_run_manager(run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None) -> Any:
@@ -38,6 +59,7 @@ def resolve_session_id(
     explicit: Any = None,
     run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None = None,
     config_session: str | None = None,
+    inferred: str | None = None,
 ) -> str:
     """The session id of one call (see the module docstring for the order).
 
@@ -52,4 +74,4 @@ def resolve_session_id(
         if not isinstance(value, (str, int, uuid.UUID)) or str(value) == "":
             raise ConfigError("session_id", f"expected a non-empty string, got {value!r}")
         return str(value)
-    return f"anon-{uuid.uuid4().hex}"
+    return inferred if inferred is not None else f"anon-{uuid.uuid4().hex}"

@@ -77,16 +77,26 @@ async def test_metadata_and_config_async(lc_fleet, mode):
     assert _sid(await RunnableLambda(inner).ainvoke(None, {"configurable": {"session_id": "outer"}})) == "outer"
 
 
-def test_fresh_session_per_call(lc_fleet, mode):
+def test_without_an_id_the_conversation_start_is_the_session(lc_fleet, mode):
     model = _model(lc_fleet, mode)
+    a, b = _sid(_call(model, mode)), _sid(_call(model, mode))
+    assert a.startswith("conv-") and a == b  # same start: same session
+    other = model.invoke([("system", "You are terse."), ("user", "hello")])
+    assert _sid(other).startswith("conv-") and _sid(other) != a
+    step2 = model.invoke([("system", "You are terse."), ("user", "hello"), ("ai", "hi"), ("user", "more")])
+    assert _sid(step2) == _sid(other)  # a later step of that conversation
+
+
+def test_fresh_session_per_call_when_not_inferred(lc_fleet, mode):
+    model = ChatSGLang(model="sim", workers=lc_fleet.urls, streaming=mode == "stream", infer_sessions=False)
     a, b = _sid(_call(model, mode)), _sid(_call(model, mode))
     assert a.startswith("anon-") and b.startswith("anon-") and a != b
 
 
-async def test_fresh_session_per_call_async(lc_fleet, mode):
+async def test_without_an_id_async(lc_fleet, mode):
     model = _model(lc_fleet, mode)
     a, b = _sid(await _acall(model, mode)), _sid(await _acall(model, mode))
-    assert a.startswith("anon-") and a != b
+    assert a.startswith("conv-") and a == b
 
 
 def _agent(fleet, mode):

@@ -1,0 +1,69 @@
+"""ChatSGLang's options: a typo or an unknown option is an error naming it, conflicts raise, small conveniences."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from agent_cache import ChatSGLang, __version__
+from agent_cache.errors import ConfigError
+from agent_cache.routing import Router
+
+URL = "http://127.0.0.1:9"  # never contacted
+
+# (typo, the option it should point to; None: no close option)
+TYPOS = [
+    ("temprature", "temperature"), ("temperture", "temperature"), ("max_token", "max_tokens"),
+    ("maxtokens", "max_tokens"), ("max_tokns", "max_tokens"), ("redis", "redis_url"), ("redisurl", "redis_url"),
+    ("redis_uri", "redis_url"), ("base_uri", "base_url"), ("baseurl", "base_url"), ("worker", "workers"),
+    ("tennant", "tenant"), ("templates_mode", "templates"), ("template", "templates"), ("timout", "timeout"),
+    ("max_retry", "max_retries"), ("streamming", "streaming"), ("apikey", "api_key"), ("model_kwarg", "model_kwargs"),
+    ("extrabody", "extra_body"),
+]
+
+
+@pytest.mark.parametrize("typo,meant", TYPOS)
+def test_a_misspelt_option_raises_naming_it_and_the_closest(typo, meant):
+    with pytest.raises(ConfigError) as err:
+        ChatSGLang(base_url=URL, **{typo: "x"})
+    assert err.value.field == typo and f"did you mean {meant!r}" in str(err.value)
+
+
+def test_a_router_option_points_at_the_router():
+    with pytest.raises(ConfigError) as err:
+        ChatSGLang(base_url=URL, session_ttl=10)
+    assert err.value.field == "session_ttl" and "Router(" in str(err.value)
+
+
+def test_router_and_other_workers_conflict():
+    router = Router([URL], probe_interval=None)
+    with pytest.raises(ConfigError) as err:
+        ChatSGLang(router=router, workers=["http://127.0.0.1:10"])
+    assert err.value.field == "workers"
+    assert ChatSGLang(router=router).workers == [URL]  # the router's workers are the model's
+    router.close()
+
+
+def test_unknown_pool_and_bad_tenant_fail_at_construction():
+    with pytest.raises(ConfigError) as err:
+        ChatSGLang(base_url=URL, pool="gpu-a")
+    assert err.value.field == "pool"
+    with pytest.raises(ConfigError) as err:
+        ChatSGLang(base_url=URL, tenant="x" * 129)
+    assert err.value.field == "tenant"
+    with pytest.raises(ConfigError) as err:
+        ChatSGLang(base_url=URL, temperature=float("nan"))
+    assert err.value.field == "temperature"
+
+
+def test_token_counts_come_from_tiktoken():
+    model = ChatSGLang(base_url=URL)
+    assert model.get_num_tokens("hello world") == 2  # cl100k: "hello", " world"
+    assert model.get_token_ids("hello world") == [15339, 1917]
+
+
+def test_cli_version():
+    out = subprocess.run([sys.executable, "-m", "agent_cache.cli", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == f"agent-cache {__version__}"
