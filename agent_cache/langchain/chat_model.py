@@ -104,7 +104,10 @@ class ChatSGLang(BaseChatModel):
     # routing and templates (docs/langchain.md, docs/routing.md, docs/templates.md)
     redis_url: SecretStr | None = None  # may carry a password: masked in repr, dumps and callbacks
     router: Router | None = Field(default=None, exclude=True)
-    templates: str = "canonical"
+    templates: str | Templater = "system"  # a mode (docs/templates.md) or a Templater of one's own
+    values_position: str = "system_suffix_message"
+    freeze_values: bool = False
+    sort_tools: bool = True  # canonical and templatize modes only
     template_variables: dict[str, str] | None = None
     tenant: str = "default"
     pool: str | None = None
@@ -182,11 +185,17 @@ class ChatSGLang(BaseChatModel):
                 router.close()
             raise
         try:
-            self._templater = Templater(
-                self.templates,
-                variables=self.template_variables,
-                tenant=self.tenant,
-            )
+            if isinstance(self.templates, Templater):
+                self._templater = self.templates
+            else:
+                self._templater = Templater(
+                    self.templates,
+                    variables=self.template_variables,
+                    values_position=self.values_position,
+                    freeze_values=self.freeze_values,
+                    sort_tools=self.sort_tools,
+                    tenant=self.tenant,
+                )
         except TemplateError as exc:
             field = {"mode": "templates", "variables": "template_variables"}.get(exc.field, exc.field)
             raise ConfigError(field, str(exc).split(": ", 1)[-1]) from exc
@@ -198,6 +207,9 @@ class ChatSGLang(BaseChatModel):
     def _check_options(self, router: Router) -> None:
         """Tenant, pool and request options, checked when the model is made rather than at its first call."""
         check_tenant(self.tenant)
+        if isinstance(self.templates, Templater) and self.templates.tenant != self.tenant:
+            raise ConfigError("templates", f"the Templater's tenant {self.templates.tenant!r} is not the model's "
+                                           f"{self.tenant!r}")
         if self.pool is not None and not any(w.pool == self.pool for w in router.workers):
             pools = sorted({w.pool for w in router.workers})
             raise ConfigError("pool", f"no worker is in pool {self.pool!r}; the workers' pools: {pools}")

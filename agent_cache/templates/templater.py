@@ -24,11 +24,12 @@ VALUES_POSITIONS = ("system_suffix_message", "first_user_prefix")
 
 class TemplateMode(str, enum.Enum):
     OFF = "off"
+    SYSTEM = "system"  # the leading system messages templatized; everything else sent as given
     CANONICAL = "canonical"
     TEMPLATIZE = "templatize"
 
 
-DEFAULT_MODE = TemplateMode.CANONICAL
+DEFAULT_MODE = TemplateMode.SYSTEM
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ class Templater:
         try:
             self.mode = TemplateMode(mode)
         except ValueError:
-            raise TemplateError("mode", f"unknown mode {mode!r}; use off, canonical or templatize") from None
+            raise TemplateError("mode", f"unknown mode {mode!r}; use off, system, canonical or templatize") from None
         if values_position not in VALUES_POSITIONS:
             raise TemplateError("values_position", f"must be one of {VALUES_POSITIONS}")
         if not isinstance(tenant, str) or not tenant:
@@ -187,8 +188,16 @@ class Templater:
             out = NormalizedPrompt([dict(m) for m in messages], raw_tools, tid, self._token_length(tid, stable), {})
             return self._record(out, session_id)
 
-        msgs, ctools = canonicalize(messages, tools, sort_tools=self.sort_tools)
-        lead = _leading_stable(msgs)
+        if self.mode is TemplateMode.SYSTEM:
+            # Only the leading system messages are rewritten (canonical text, volatile values
+            # moved out); turns and tools go as given, in the order and whitespace given.
+            canon, _ = canonicalize(messages, None)  # validation, and the canonical system text
+            lead = _leading_stable(canon)
+            msgs = canon[:lead] + [dict(m) for m in list(messages)[lead:]]
+            ctools = list(tools) if tools is not None else None
+        else:
+            msgs, ctools = canonicalize(messages, tools, sort_tools=self.sort_tools)
+            lead = _leading_stable(msgs)
         if self.mode is TemplateMode.CANONICAL:
             stable = stable_rendering([(m["role"], content_text(m["content"])) for m in msgs[:lead]], ctools)
             tid = _template_id(self.tenant, stable)

@@ -183,9 +183,12 @@ def test_inflight_released_after_an_outage_that_began_mid_call(redis_server, pre
     router.close()
 
 
-def test_redis_out_of_memory_routes_degraded_then_recovers(redis_server, prefix):
+def test_redis_out_of_memory_routes_degraded_then_recovers(redis_server_factory, prefix):
     """maxmemory reached under noeviction: no call fails, expired sessions free memory, routing resumes."""
     import redis as redis_py
+
+    # a Redis of its own: keys other tests leave with a TTL would free memory as they expire
+    redis_server = redis_server_factory()
 
     now = [1000.0]
     raw = redis_py.Redis.from_url(redis_server.url)
