@@ -6,6 +6,7 @@ import asyncio
 import difflib
 import inspect
 import os
+import time
 import weakref
 from dataclasses import dataclass
 from operator import itemgetter
@@ -38,6 +39,7 @@ from agent_cache.routing.lifecycle import Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.templates import NormalizedPrompt, Templater, TemplateRegistry
 from agent_cache.templates.templater import encoder
+from agent_cache.traces import TraceWriter
 from agent_cache.langchain.messages import to_ai_chunk, to_openai_messages, usage_metadata
 from agent_cache.langchain.sessions import conversation_session, resolve_session_id, session_from_config
 
@@ -62,6 +64,8 @@ class _Call:
     prompt: NormalizedPrompt
     params: dict[str, Any]
     include_usage: bool
+    original: list[dict[str, Any]]  # the messages as the agent produced them (for a trace)
+    tools: list[dict[str, Any]] | None
 
 
 def _unknown_option(name: str) -> ConfigError:
@@ -113,10 +117,12 @@ class ChatSGLang(BaseChatModel):
     pool: str | None = None
     health_probe_interval: float | None = None
     infer_sessions: bool = True  # a call without a session id: the session of its conversation's start
+    trace_path: str | None = None  # append every served call to this trace file (docs/traces.md)
 
     _router: Router = PrivateAttr()
     _templater: Templater = PrivateAttr()
     _registry: TemplateRegistry = PrivateAttr()
+    _trace: TraceWriter | None = PrivateAttr(default=None)
     _clients: dict[str, SGLangClient] = PrivateAttr(default_factory=dict)
     _aclients: weakref.WeakKeyDictionary = PrivateAttr(default_factory=weakref.WeakKeyDictionary)
 
@@ -180,6 +186,7 @@ class ChatSGLang(BaseChatModel):
             router = Router(urls, redis_url=redis_url, probe_interval=interval)
         try:
             self._check_options(router)
+            self._trace = TraceWriter(self.trace_path) if self.trace_path is not None else None
         except ConfigError:
             if self.router is None:
                 router.close()
@@ -324,6 +331,8 @@ class ChatSGLang(BaseChatModel):
             client.close()
         self._clients.clear()
         self._registry.close()
+        if self._trace is not None:
+            self._trace.close()
         if self.router is None:
             self._router.close()
 
@@ -336,6 +345,8 @@ class ChatSGLang(BaseChatModel):
             sync_client.close()
         self._clients.clear()
         await asyncio.to_thread(self._registry.close)  # its last writes are sync: off the event loop
+        if self._trace is not None:
+            self._trace.close()
         if self.router is None:
             await self._router.aclose()
 
@@ -371,7 +382,8 @@ class ChatSGLang(BaseChatModel):
         extra_key = self._router.extra_key_for(self.tenant)
         # bad input fails here, naming its field, before anything is routed or written
         check_chat_request(raw_messages, params, {"extra_key": extra_key})
-        prompt = self._templater.normalize(raw_messages, params.get("tools"), session_id=session_id,
+        raw_tools = params.get("tools")
+        prompt = self._templater.normalize(raw_messages, raw_tools, session_id=session_id,
                                            variables=call_variables)
         if prompt.tools is not None:
             params["tools"] = prompt.tools
@@ -379,7 +391,8 @@ class ChatSGLang(BaseChatModel):
             params["extra_key"] = extra_key  # keeps tenants apart in the worker's radix cache
         request = RouteRequest(session_id=session_id, template_id=prompt.template_id, tenant=self.tenant,
                                pool=self.pool, prompt_tokens_estimate=prompt.template_tokens)
-        return _Call(session_id, model, prompt.messages, request, prompt, params, include_usage)
+        return _Call(session_id, model, prompt.messages, request, prompt, params, include_usage, raw_messages,
+                     raw_tools)
 
     def _metadata(self, call: _Call, placement: Placement, model: str, finish: str | None, cached: int | None) -> dict:
         return {
@@ -446,6 +459,10 @@ class ChatSGLang(BaseChatModel):
     def _final_chunk(self, call: _Call, placement: Placement, state: dict[str, Any]) -> ChatGenerationChunk:
         """The last chunk of a call a worker served (its usage and metadata); records its template."""
         self._registry.record(self.tenant, call.prompt, placement.session_id)  # queued: no I/O here
+        if self._trace is not None:
+            usage_seen: Usage | None = state.get("usage")
+            self._trace.write(call.session_id, call.original, state.get("text", ""),
+                              usage_seen.completion_tokens if usage_seen else None, time.time(), call.tools)
         usage: Usage | None = state.get("usage")
         cached = (usage.cached_tokens or 0) if usage else None
         meta = self._metadata(call, placement, state.get("model", ""), state.get("finish"), cached)
@@ -464,6 +481,8 @@ class ChatSGLang(BaseChatModel):
             state["finish"] = chunk.finish_reason
         if chunk.usage is not None:
             state["usage"] = chunk.usage
+        if chunk.content:
+            state["text"] = state.get("text", "") + chunk.content
         if chunk.content or chunk.tool_calls or chunk.reasoning_content:
             return ChatGenerationChunk(message=to_ai_chunk(chunk))
         return None
