@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import threading
+import weakref
+from typing import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 # Series per template are bounded: the first this many template ids a process
 # sees get their own label (an agent's template comes with its first call and
@@ -17,7 +21,51 @@ OTHER_TEMPLATE = "other"
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
+class _ProcessRouters(Collector):
+    """The metrics of every live router of this process that was given no registry, summed.
+
+    Registered once on prometheus_client's default registry, so
+    ``start_http_server(port)`` or ``make_asgi_app()`` serve them with no
+    wiring; each router keeps its own registry (several routers in one
+    process would otherwise register the same names twice).
+    """
+
+    def __init__(self) -> None:
+        self._routers: "weakref.WeakSet[RouterMetrics]" = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._registered = False
+
+    def add(self, metrics: "RouterMetrics") -> None:
+        with self._lock:
+            self._routers.add(metrics)
+            if not self._registered:
+                REGISTRY.register(self)
+                self._registered = True
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, tuple[Metric, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
+        for router in list(self._routers):
+            for family in router.registry.collect():
+                metric, values = families.setdefault(
+                    family.name, (Metric(family.name, family.documentation, family.type, family.unit), {}))
+                for sample in family.samples:
+                    if sample.name.endswith("_created"):  # a creation time: summing it means nothing
+                        continue
+                    key = (sample.name, tuple(sorted(sample.labels.items())))
+                    values[key] = values.get(key, 0.0) + sample.value
+        for metric, values in families.values():
+            for (name, labels), value in values.items():
+                metric.add_sample(name, dict(labels), value)
+            yield metric
+
+
+PROCESS_ROUTERS = _ProcessRouters()
+
+
 class RouterMetrics:
+    """One router's metrics: on ``registry`` if given, else on a registry of its own that
+    prometheus_client's default registry reads, summed with the process's other routers."""
+
     def __init__(self, registry: CollectorRegistry | None = None, max_template_labels: int = MAX_TEMPLATE_LABELS) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.max_template_labels = max_template_labels
@@ -46,6 +94,8 @@ class RouterMetrics:
         )  # fmt: skip
         self.failovers = Counter("agent_cache_failovers", "Calls retried on another worker", ["worker"], registry=r)
         self.degraded = Gauge("agent_cache_store_degraded", "1 while routing without the store", registry=r)
+        if registry is None:
+            PROCESS_ROUTERS.add(self)
 
     def template_label(self, template_id: str | None) -> str:
         """The ``template`` label of a template id: itself while labels last, then ``other``."""
