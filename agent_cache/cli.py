@@ -95,7 +95,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="ReAct agents through agent-cache and through round-robin, side by side")
     p.add_argument("--workers", nargs="+", metavar="URL", help="real SGLang worker URLs (default: a simulated fleet)")
     p.add_argument("--redis", metavar="URL", help="keep routing metadata in this Redis (default: in-process)")
-    p.add_argument("--sessions", type=_positive(int), default=16, help="ReAct sessions per run (default 16)")
+    p.add_argument("--sessions", type=_positive(int), default=40, help="ReAct sessions per run (default 40: 120 calls, so p99 is not just the slowest call)")
     p.add_argument("--concurrency", type=_positive(int), default=4, help="sessions running at once (default 4)")
     p.add_argument("--quick", action="store_true", help="a short run (6 sessions)")
     p.add_argument("--fleet-size", type=_positive(int), default=4, help="simulated workers (default 4)")
