@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Sequence
 
+from agent_cache import environment
+
 
 def _sim_worker(args: argparse.Namespace) -> int:
     import uvicorn
@@ -93,8 +95,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="ReAct agents through agent-cache and through round-robin, side by side")
-    p.add_argument("--workers", nargs="+", metavar="URL", help="real SGLang worker URLs (default: a simulated fleet)")
-    p.add_argument("--redis", metavar="URL", help="keep routing metadata in this Redis (default: in-process)")
+    p.add_argument("--workers", nargs="+", metavar="URL", default=environment.workers(),
+                   help=f"real SGLang worker URLs (default: ${environment.WORKERS}, else a simulated fleet)")
+    p.add_argument("--redis", metavar="URL", default=environment.value(environment.REDIS_URL),
+                   help=f"keep routing metadata in this Redis (default: ${environment.REDIS_URL}, else in-process)")
     p.add_argument("--sessions", type=_positive(int), default=40, help="ReAct sessions per run (default 40: 120 calls, so p99 is not just the slowest call)")
     p.add_argument("--concurrency", type=_positive(int), default=4, help="sessions running at once (default 4)")
     p.add_argument("--quick", action="store_true", help="a short run (6 sessions)")
@@ -121,14 +125,14 @@ def _explain(rest: list[str]) -> int:
 def _stats(args: argparse.Namespace) -> int:
     import json
 
-    from agent_cache.errors import StoreError
+    from agent_cache.errors import ConfigError, StoreError
     from agent_cache.redact import redact_url
     from agent_cache.store import RedisStore, format_stats, stats_snapshot
 
     store = RedisStore(args.redis, prefix=args.prefix)
     try:
         snapshot = stats_snapshot(store)
-    except StoreError as exc:
+    except (StoreError, ConfigError) as exc:  # unreachable, or refusing these credentials
         print(f"agent-cache stats: cannot read the store at {redact_url(args.redis)}: {redact_url(exc)}",
               file=sys.stderr)
         return 1
@@ -140,7 +144,9 @@ def _stats(args: argparse.Namespace) -> int:
 
 def _add_stats(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stats", help="the live picture from the metadata store: workers, sessions, templates, hit rates")
-    p.add_argument("--redis", required=True, metavar="URL", help="redis://host:6379/0 (as given to ChatSGLang)")
+    default = environment.value(environment.REDIS_URL)
+    p.add_argument("--redis", required=default is None, default=default, metavar="URL",
+                   help=f"redis://host:6379/0, as given to ChatSGLang (default: ${environment.REDIS_URL})")
     p.add_argument("--prefix", default="agent-cache", help="key prefix of the deployment (default agent-cache)")
     p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
     p.set_defaults(func=_stats)

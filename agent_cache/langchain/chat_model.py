@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import difflib
 import inspect
-import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
 
+from agent_cache import environment
 from agent_cache.backends.protocol import Usage
 from agent_cache.backends.request_check import check_chat_request
 from agent_cache.backends.sglang import AsyncSGLangClient, SGLangClient, normalize_worker_url
@@ -140,12 +140,11 @@ class ChatSGLang(BaseChatModel):
             if not given:  # the router's workers are the model's
                 workers = kwargs["workers"] = urls
         if base_url is None and not workers:  # environment second, after keywords
-            base_url = kwargs["base_url"] = os.environ.get("AGENT_CACHE_BASE_URL") or None
-            env_workers = os.environ.get("AGENT_CACHE_WORKERS", "")
-            if base_url is None and env_workers.strip():
-                workers = kwargs["workers"] = [u.strip() for u in env_workers.split(",") if u.strip()]
-        if kwargs.get("api_key") is None and os.environ.get("AGENT_CACHE_API_KEY"):
-            kwargs["api_key"] = os.environ["AGENT_CACHE_API_KEY"]
+            base_url = kwargs["base_url"] = environment.value(environment.BASE_URL)
+            if base_url is None and environment.workers():
+                workers = kwargs["workers"] = environment.workers()
+        if kwargs.get("api_key") is None and environment.value(environment.API_KEY):
+            kwargs["api_key"] = environment.value(environment.API_KEY)
         if base_url is None and not workers:
             raise ConfigError("base_url", "give base_url (one worker) or workers (a list of worker URLs)")
         if base_url is not None and workers:
@@ -176,8 +175,8 @@ class ChatSGLang(BaseChatModel):
     def _make_router(self) -> "ChatSGLang":
         router = self.router
         if router is None:
-            if self.redis_url is None and os.environ.get("AGENT_CACHE_REDIS_URL"):
-                self.redis_url = SecretStr(os.environ["AGENT_CACHE_REDIS_URL"])
+            if self.redis_url is None and environment.value(environment.REDIS_URL):
+                self.redis_url = SecretStr(environment.value(environment.REDIS_URL) or "")
             urls = [self.base_url] if self.base_url else list(self.workers or [])
             interval = self.health_probe_interval
             if "health_probe_interval" not in self.model_fields_set and len(urls) > 1:
@@ -235,7 +234,7 @@ class ChatSGLang(BaseChatModel):
     @property
     def lc_secrets(self) -> dict[str, str]:
         """Fields LangChain's serialisation replaces by a reference to their environment variable."""
-        return {"api_key": "AGENT_CACHE_API_KEY", "redis_url": "AGENT_CACHE_REDIS_URL"}
+        return {"api_key": environment.API_KEY, "redis_url": environment.REDIS_URL}
 
     def get_token_ids(self, text: str) -> list[int]:
         """Token ids by tiktoken's cl100k (offline): an estimate, as the templates' token lengths are.

@@ -7,6 +7,7 @@ workers are simulated.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from typing import Any
@@ -65,10 +66,16 @@ def test_errors_and_the_stats_command_hide_it(locked_redis) -> None:
     wrong = locked_redis.replace(CANARY, CANARY + "-wrong")
     out = subprocess.run([sys.executable, "-m", "agent_cache.cli", "stats", "--redis", wrong],
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode != 0 and CANARY not in out.stdout + out.stderr, out.stderr
+    assert out.returncode == 1 and CANARY not in out.stdout + out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "cannot read the store" in out.stderr  # a refusal, said plainly
     ok = subprocess.run([sys.executable, "-m", "agent_cache.cli", "stats", "--redis", locked_redis],
                         capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and CANARY not in ok.stdout + ok.stderr
+    # the URL may come from AGENT_CACHE_REDIS_URL, as for ChatSGLang
+    env = {**os.environ, "AGENT_CACHE_REDIS_URL": locked_redis}
+    from_env = subprocess.run([sys.executable, "-m", "agent_cache.cli", "stats"], capture_output=True, text=True,
+                              timeout=60, env=env)
+    assert from_env.returncode == 0 and from_env.stdout == ok.stdout
 
 
 def test_a_wrong_password_fails_the_call_with_a_config_error(lc_fleet, locked_redis) -> None:
