@@ -9,7 +9,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, AsyncIterator, Callable, Iterator, Literal, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Literal, Sequence
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import LanguageModelInput
@@ -126,50 +126,52 @@ class ChatSGLang(BaseChatModel):
     _clients: dict[str, SGLangClient] = PrivateAttr(default_factory=dict)
     _aclients: weakref.WeakKeyDictionary = PrivateAttr(default_factory=weakref.WeakKeyDictionary)
 
-    def __init__(self, **kwargs: Any) -> None:
-        # Checked before pydantic so the caller sees ConfigError naming the field,
-        # not a ValidationError wrapping it.
-        base_url, workers = kwargs.get("base_url"), kwargs.get("workers")
-        router = kwargs.get("router")
-        if isinstance(router, Router):
-            urls = [w.url for w in router.workers]
-            given = [base_url] if base_url is not None else list(workers or [])
-            if given and [normalize_worker_url(u, "workers") for u in given] != urls:
-                raise ConfigError("workers", f"router= brings its own workers {urls}; leave base_url/workers out "
-                                             "or give the same list")
-            if not given:  # the router's workers are the model's
-                workers = kwargs["workers"] = urls
-        if base_url is None and not workers:  # environment second, after keywords
-            base_url = kwargs["base_url"] = environment.value(environment.BASE_URL)
-            if base_url is None and environment.workers():
-                workers = kwargs["workers"] = environment.workers()
-        if kwargs.get("api_key") is None and environment.value(environment.API_KEY):
-            kwargs["api_key"] = environment.value(environment.API_KEY)
-        if base_url is None and not workers:
-            raise ConfigError("base_url", "give base_url (one worker) or workers (a list of worker URLs)")
-        if base_url is not None and workers:
-            raise ConfigError("workers", "give either base_url or workers, not both")
-        if base_url is not None:
-            kwargs["base_url"] = normalize_worker_url(base_url, "base_url")
-        else:
-            kwargs["workers"] = [normalize_worker_url(u, f"workers[{i}]") for i, u in enumerate(workers)]
-        if kwargs.get("max_retries", 0) < 0:
-            raise ConfigError("max_retries", f"must be >= 0, got {kwargs['max_retries']}")
-        for name in ("timeout", "stall_timeout"):
-            value = kwargs.get(name)
-            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
-                raise ConfigError(name, f"must be a number of seconds > 0 or None, got {value!r}")
-        try:
-            super().__init__(**kwargs)
-        except ValidationError as exc:
-            # the router and templates validate their own options: surface their ConfigError
-            for err in exc.errors():
-                cause = (err.get("ctx") or {}).get("error")
-                if isinstance(cause, ConfigError):
-                    raise cause from None
-                if err.get("type") == "extra_forbidden":
-                    raise _unknown_option(str(err["loc"][0])) from None
-            raise
+    if not TYPE_CHECKING:  # type checkers see pydantic's typed constructor, one keyword per field
+
+        def __init__(self, **kwargs: Any) -> None:
+            # Checked before pydantic so the caller sees ConfigError naming the field,
+            # not a ValidationError wrapping it.
+            base_url, workers = kwargs.get("base_url"), kwargs.get("workers")
+            router = kwargs.get("router")
+            if isinstance(router, Router):
+                urls = [w.url for w in router.workers]
+                given = [base_url] if base_url is not None else list(workers or [])
+                if given and [normalize_worker_url(u, "workers") for u in given] != urls:
+                    raise ConfigError("workers", f"router= brings its own workers {urls}; leave base_url/workers out "
+                                                 "or give the same list")
+                if not given:  # the router's workers are the model's
+                    workers = kwargs["workers"] = urls
+            if base_url is None and not workers:  # environment second, after keywords
+                base_url = kwargs["base_url"] = environment.value(environment.BASE_URL)
+                if base_url is None and environment.workers():
+                    workers = kwargs["workers"] = environment.workers()
+            if kwargs.get("api_key") is None and environment.value(environment.API_KEY):
+                kwargs["api_key"] = environment.value(environment.API_KEY)
+            if base_url is None and not workers:
+                raise ConfigError("base_url", "give base_url (one worker) or workers (a list of worker URLs)")
+            if base_url is not None and workers:
+                raise ConfigError("workers", "give either base_url or workers, not both")
+            if base_url is not None:
+                kwargs["base_url"] = normalize_worker_url(base_url, "base_url")
+            else:
+                kwargs["workers"] = [normalize_worker_url(u, f"workers[{i}]") for i, u in enumerate(workers)]
+            if kwargs.get("max_retries", 0) < 0:
+                raise ConfigError("max_retries", f"must be >= 0, got {kwargs['max_retries']}")
+            for name in ("timeout", "stall_timeout"):
+                value = kwargs.get(name)
+                if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+                    raise ConfigError(name, f"must be a number of seconds > 0 or None, got {value!r}")
+            try:
+                super().__init__(**kwargs)
+            except ValidationError as exc:
+                # the router and templates validate their own options: surface their ConfigError
+                for err in exc.errors():
+                    cause = (err.get("ctx") or {}).get("error")
+                    if isinstance(cause, ConfigError):
+                        raise cause from None
+                    if err.get("type") == "extra_forbidden":
+                        raise _unknown_option(str(err["loc"][0])) from None
+                raise
 
     @model_validator(mode="after")
     def _make_router(self) -> "ChatSGLang":

@@ -67,3 +67,20 @@ def test_token_counts_come_from_tiktoken():
 def test_cli_version():
     out = subprocess.run([sys.executable, "-m", "agent_cache.cli", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"agent-cache {__version__}"
+
+
+def test_type_checkers_see_every_option(tmp_path):
+    """The constructor's runtime checks are hidden from type checkers, which see pydantic's typed fields."""
+    snippet = tmp_path / "uses_model.py"
+    snippet.write_text(
+        "from agent_cache.langchain.chat_model import ChatSGLang\n"
+        "ok = ChatSGLang(model='m', base_url='http://h:1', temperature=0.2, max_tokens=5, stop_sequences=['x'])\n"
+        "typo = ChatSGLang(base_url='http://h:1', temprature=0.1)\n"
+        "wrong = ChatSGLang(base_url='http://h:1', max_tokens='many')\n"
+    )
+    out = subprocess.run([sys.executable, "-m", "mypy", "--ignore-missing-imports", "--follow-imports=silent",
+                          "--no-incremental", str(snippet)], capture_output=True, text=True, timeout=300)
+    errors = [line for line in out.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 2, out.stdout
+    assert ':3: error: Unexpected keyword argument "temprature"' in errors[0]
+    assert ':4: error: Argument "max_tokens"' in errors[1]
