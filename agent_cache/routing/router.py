@@ -600,8 +600,8 @@ class Router:
                 return
             try:
                 router.probe_once()
-            except Exception:  # never let the prober die silently
-                if sys.is_finalizing():
+            except Exception as exc:  # never let the prober die silently
+                if sys.is_finalizing() or "interpreter shutdown" in str(exc):  # the process is exiting
                     return
                 logger.exception("health probe loop error")
             del router
