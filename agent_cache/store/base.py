@@ -20,6 +20,10 @@ DEFAULT_PREFIX = "agent-cache"
 DEFAULT_SESSION_TTL = 30 * 60.0
 # A template counts as held by a worker if it served it within this window.
 DEFAULT_TEMPLATE_WINDOW = 10 * 60.0
+# stats() lists at most this many templates, the most recently used: a
+# deployment whose prompts differ per session has as many templates as
+# sessions, and a summary of all of them would cost O(sessions) to read.
+STATS_TEMPLATES = 200
 
 
 def template_retention(session_ttl: float, template_window: float) -> float:
@@ -173,7 +177,11 @@ class MetadataStore(Protocol):
     def template_info(self, tenant: str, template_id: str) -> dict[str, Any] | None: ...
 
     def stats(self, now: float, *, templates: bool = True) -> dict[str, Any]:
-        """Workers, sessions, decisions and (unless ``templates=False``) the templates used within the window."""
+        """Workers, sessions, decisions and (unless ``templates=False``) the templates used within the window.
+
+        At most :data:`STATS_TEMPLATES` templates are listed, the most recently
+        used; ``templates_in_window`` counts them all.
+        """
         ...
 
     def ping(self) -> None: ...

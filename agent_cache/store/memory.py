@@ -16,6 +16,7 @@ from agent_cache.placement.rule import PinView, Policy, Snapshot, WorkerView, ch
 from agent_cache.store.base import (
     DEFAULT_SESSION_TTL,
     DEFAULT_TEMPLATE_WINDOW,
+    STATS_TEMPLATES,
     Lease,
     ReleaseBatch,
     Releases,
@@ -372,9 +373,13 @@ class MemoryStore:
                 }  # fmt: skip
             cutoff = now_ms - to_ms(self.template_window)
             used_templates = {}
+            in_window = 0
             for (tenant, tid), last in reversed(self._template_use.items()):  # the recent ones: O(live)
                 if last < cutoff or not templates:
                     break
+                in_window += 1
+                if len(used_templates) >= STATS_TEMPLATES:
+                    continue
                 used = self._templates.get((tenant, tid), {})
                 st = self._template_stats.get((tenant, tid), [0, 0])
                 used_templates[f"{tenant}/{tid}"] = {
@@ -385,6 +390,7 @@ class MemoryStore:
             return {
                 "workers": workers,
                 "templates": used_templates,
+                "templates_in_window": in_window,
                 "sessions": sum(w["sessions"] for w in workers.values()),
                 "outcomes": dict(self._outcomes),
             }

@@ -24,6 +24,7 @@ from agent_cache.store.base import (
     DEFAULT_PREFIX,
     DEFAULT_SESSION_TTL,
     DEFAULT_TEMPLATE_WINDOW,
+    STATS_TEMPLATES,
     Lease,
     ReleaseBatch,
     Releases,
@@ -512,9 +513,12 @@ def _collect_stats(store: RedisStore, client: Any, now: float, with_templates: b
     window = now_ms - to_ms(store.template_window)
     workers = sorted(m.decode() for m in client.smembers(keys.workers_set(p)))
     # the templates used within the window: O(live), not every template ever seen
-    templates = []
+    templates, in_window = [], 0
     if with_templates:
-        templates = sorted(m.decode() for m in client.zrangebyscore(keys.templates_in_use(p), window, "+inf"))
+        used = keys.templates_in_use(p)
+        in_window = int(client.zcount(used, window, "+inf"))
+        templates = sorted(m.decode() for m in client.zrevrangebyscore(used, "+inf", window, start=0,
+                                                                       num=STATS_TEMPLATES))
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(keys.inflight(p))
     pipe.hgetall(keys.kv_tokens(p))
@@ -559,6 +563,7 @@ def _collect_stats(store: RedisStore, client: Any, now: float, with_templates: b
     return {
         "workers": out_workers,
         "templates": out_templates,
+        "templates_in_window": in_window,
         "sessions": sum(w["sessions"] for w in out_workers.values()),
         "outcomes": outcomes,
     }

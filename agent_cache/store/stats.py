@@ -40,7 +40,8 @@ def format_stats(snapshot: dict[str, Any]) -> str:
             f"  {url:40} {w['state']:9} {w['sessions']:>8} {w['inflight']:>8} {w['kv_tokens']:>10} "
             f"{_pct(w['hit_rate']):>7}"
         )
-    lines += ["", "templates:"]
+    shown, total = len(snapshot["templates"]), snapshot.get("templates_in_window", len(snapshot["templates"]))
+    lines += ["", "templates:" if shown == total else f"templates ({shown} most recently used of {total}):"]
     for name, t in sorted(snapshot["templates"].items()):
         lines.append(f"  {name:40} hit {_pct(t['hit_rate']):>7}  workers: {', '.join(t['workers']) or '-'}")
     outcomes = ", ".join(f"{k}={v}" for k, v in sorted(snapshot["outcomes"].items())) or "-"

@@ -8,7 +8,7 @@ from agent_cache.placement.rule import Policy
 from agent_cache.routing.metrics import MAX_TEMPLATE_LABELS, OTHER_TEMPLATE
 from agent_cache.routing.router import RouteRequest, Router
 from agent_cache.store import MemoryStore, RedisStore, RouteQuery, WorkerSpec, keys
-from agent_cache.store.base import template_retention
+from agent_cache.store.base import STATS_TEMPLATES, template_retention
 
 A, B = "http://a:1", "http://b:1"
 WS = (WorkerSpec(A, capacity=100_000), WorkerSpec(B, capacity=100_000))
@@ -64,6 +64,15 @@ def test_stats_read_only_templates_used_in_the_window(redis_server, prefix):
     assert set(st.stats(1100.0)["templates"]) == {"default/t-late"}
     assert st.stats(1100.0, templates=False)["templates"] == {}
     st.close()
+
+
+def test_stats_list_the_most_recent_templates_only(redis_server, prefix):
+    for st in (RedisStore(redis_server.url, prefix=prefix, session_ttl=TTL), MemoryStore(session_ttl=TTL)):
+        _one_template_per_session(st, STATS_TEMPLATES + 50, 1000.0)
+        stats = st.stats(1001.0)
+        assert len(stats["templates"]) == STATS_TEMPLATES and stats["templates_in_window"] == STATS_TEMPLATES + 50
+        assert f"default/t{STATS_TEMPLATES + 49}" in stats["templates"] and "default/t0" not in stats["templates"]
+        st.close()
 
 
 def test_a_session_key_expired_by_redis_is_recounted(redis_server, prefix):

@@ -24,7 +24,7 @@ if shutil.which("redis-server") is None:
     pytest.skip("redis-server binary not found", allow_module_level=True)
 
 ACL_COMMANDS = (
-    "+evalsha +script|load +ping +hgetall +hmget +hget +hset +hsetnx +hincrby +del +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore "
+    "+evalsha +script|load +ping +hgetall +hmget +hget +hset +hsetnx +hincrby +del +zadd +zrem +zrange +zrangebyscore +zrevrangebyscore +zcount +zremrangebyscore +zscore "
     "+sadd +smembers +pexpire +pfadd +pfcount +multi +exec"
 )
 URLS = [f"http://10.0.0.{i}:30000" for i in range(1, 4)]  # never contacted: probes are off
