@@ -75,6 +75,14 @@ def check_chat_request(
         _check_json(value, str(name))
 
 
+def check_text(value: str, field: str) -> None:
+    """Raise :class:`ConfigError` naming ``field`` if ``value`` cannot be encoded as UTF-8 (a lone surrogate)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(field, f"not valid Unicode text ({exc.reason} at character {exc.start})") from None
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -92,10 +100,7 @@ def _check_json(value: Any, path: str) -> None:
             raise ConfigError(path, f"{value!r} is not a number JSON can carry")
         return
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ConfigError(path, f"not valid Unicode text ({exc.reason} at character {exc.start})") from None
+        check_text(value, path)
         return
     if isinstance(value, Mapping):
         for key, item in value.items():

@@ -143,10 +143,13 @@ class ChatSGLang(BaseChatModel):
                     workers = kwargs["workers"] = urls
             if base_url is None and not workers:  # environment second, after keywords
                 base_url = kwargs["base_url"] = environment.value(environment.BASE_URL)
-                if base_url is None and environment.workers():
-                    workers = kwargs["workers"] = environment.workers()
-            if kwargs.get("api_key") is None and environment.value(environment.API_KEY):
-                kwargs["api_key"] = environment.value(environment.API_KEY)
+                if base_url is None:
+                    workers = environment.workers()
+                    if workers:
+                        kwargs["workers"] = workers
+            env_key = environment.value(environment.API_KEY) if kwargs.get("api_key") is None else None
+            if env_key is not None:
+                kwargs["api_key"] = env_key
             if base_url is None and not workers:
                 raise ConfigError("base_url", "give base_url (one worker) or workers (a list of worker URLs)")
             if base_url is not None and workers:
@@ -177,8 +180,9 @@ class ChatSGLang(BaseChatModel):
     def _make_router(self) -> "ChatSGLang":
         router = self.router
         if router is None:
-            if self.redis_url is None and environment.value(environment.REDIS_URL):
-                self.redis_url = SecretStr(environment.value(environment.REDIS_URL) or "")
+            env_redis = environment.value(environment.REDIS_URL) if self.redis_url is None else None
+            if env_redis is not None:
+                self.redis_url = SecretStr(env_redis)
             urls = [self.base_url] if self.base_url else list(self.workers or [])
             interval = self.health_probe_interval
             if "health_probe_interval" not in self.model_fields_set and len(urls) > 1:
@@ -363,9 +367,9 @@ class ChatSGLang(BaseChatModel):
     ) -> _Call:
         kwargs = dict(kwargs)
         raw_messages = to_openai_messages(messages)
-        inferred = conversation_session(raw_messages) if self.infer_sessions else None
-        session_id = resolve_session_id(kwargs.get("session_id"), run_manager, kwargs.get("_config_session"),
-                                        inferred)
+        # the conversation's fingerprint is computed only for a call that names no session
+        infer = (lambda: conversation_session(raw_messages)) if self.infer_sessions else None
+        session_id = resolve_session_id(kwargs.get("session_id"), run_manager, kwargs.get("_config_session"), infer)
         # a whole message always carries its usage; a stream only if asked (stream_usage)
         include_usage = whole or bool(kwargs.get("stream_usage", self.stream_usage))
         call_variables = kwargs.get("template_variables")  # read before the local kwargs are stripped

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.runnables import RunnableConfig
@@ -59,7 +59,7 @@ def resolve_session_id(
     explicit: Any = None,
     run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None = None,
     config_session: str | None = None,
-    inferred: str | None = None,
+    infer: Callable[[], str] | None = None,
 ) -> str:
     """The session id of one call (see the module docstring for the order).
 
@@ -74,4 +74,4 @@ def resolve_session_id(
         if not isinstance(value, (str, int, uuid.UUID)) or str(value) == "":
             raise ConfigError("session_id", f"expected a non-empty string, got {value!r}")
         return str(value)
-    return inferred if inferred is not None else f"anon-{uuid.uuid4().hex}"
+    return infer() if infer is not None else f"anon-{uuid.uuid4().hex}"

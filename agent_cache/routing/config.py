@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from agent_cache.backends.request_check import check_text
 from agent_cache.backends.sglang import normalize_worker_url
 from agent_cache.errors import ConfigError
 
@@ -74,13 +75,6 @@ def parse_pools(pools: Mapping[str, float] | None, known: set[str]) -> dict[str,
     return out
 
 
-def _utf8(value: str, field: str) -> None:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ConfigError(field, f"not valid Unicode text ({exc.reason} at character {exc.start})") from None
-
-
 def check_tenant(tenant: object, field: str = "tenant") -> str:
     """A tenant: a non-empty string of printable characters, at most :data:`MAX_TENANT` long."""
     if not isinstance(tenant, str) or not tenant:
@@ -89,13 +83,13 @@ def check_tenant(tenant: object, field: str = "tenant") -> str:
         raise ConfigError(field, f"at most {MAX_TENANT} characters, got {len(tenant)}")
     if not tenant.isprintable():
         raise ConfigError(field, f"must not contain control characters, got {tenant!r}")
-    _utf8(tenant, field)
+    check_text(tenant, field)
     return tenant
 
 
 def session_key(session_id: str) -> str:
     """The id a session is stored under: itself, or ``sha256:<hex>`` when longer than :data:`MAX_SESSION_ID`."""
-    _utf8(session_id, "session_id")
+    check_text(session_id, "session_id")
     if len(session_id) <= MAX_SESSION_ID:
         return session_id
     return "sha256:" + hashlib.sha256(session_id.encode("utf-8")).hexdigest()
