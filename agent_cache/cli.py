@@ -152,6 +152,84 @@ def _add_stats(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_stats)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from agent_cache.errors import ConfigError
+    from agent_cache.gateway import GatewayConfig, create_app, load_api_keys
+
+    workers: list[str | dict[str, str]] = list(args.workers or [])
+    for spec in args.pool or []:
+        name, _, urls = spec.partition("=")
+        if not name or not urls:
+            print("agent-cache serve: --pool expects NAME=URL[,URL...]", file=sys.stderr)
+            return 2
+        workers += [{"url": u.strip(), "pool": name} for u in urls.split(",") if u.strip()]
+    try:
+        config = GatewayConfig(
+            workers, redis_url=args.redis, prefix=args.prefix, session_header=args.session_header,
+            api_keys=load_api_keys(args.api_keys) if args.api_keys else None, templates=args.templates,
+            infer_sessions=not args.no_infer_sessions, max_concurrency=args.max_concurrency,
+            max_body_bytes=args.max_body_bytes, timeout=args.timeout, max_attempts=args.max_attempts,
+            extra_fields=frozenset(f.strip() for f in (args.extra_fields or "").split(",") if f.strip()),
+        )
+        app = create_app(config)
+    except ConfigError as exc:
+        print(f"agent-cache serve: {exc}", file=sys.stderr)
+        return 2
+    keys = "off" if config.api_keys is None else f"{len(config.api_keys)} keys"
+    print(f"agent-cache gateway on http://{args.host}:{args.port} -> {len(workers)} workers "
+          f"(store: {'redis' if args.redis else 'in-process'}, API keys: {keys})", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                timeout_graceful_shutdown=args.drain_timeout, backlog=4096, http=args.http, loop=args.loop)
+    return 0
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    from agent_cache.gateway import config as gw
+    from agent_cache.templates.templater import TemplateMode
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible gateway with sticky, template-aware routing "
+                                     "(docs/gateway.md)")
+    default_workers = environment.workers()
+    p.add_argument("--workers", type=lambda s: [u.strip() for u in s.split(",") if u.strip()],
+                   default=default_workers, metavar="URL,...",
+                   help=f"SGLang worker URLs (default: ${environment.WORKERS})")
+    p.add_argument("--pool", action="append", metavar="NAME=URL,...",
+                   help="workers of a named pool (repeatable); a key or the x-agent-cache-pool header picks one")
+    p.add_argument("--redis", default=environment.value(environment.REDIS_URL), metavar="URL",
+                   help=f"metadata store shared by every replica (default: ${environment.REDIS_URL}; "
+                        "none: in-process, one replica)")
+    p.add_argument("--prefix", default="agent-cache", help="key prefix of the deployment (default agent-cache)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-keys", metavar="FILE", help="'KEY TENANT [POOL]' per line; calls then need a key")
+    p.add_argument("--session-header", default=gw.DEFAULT_SESSION_HEADER,
+                   help=f"header naming a call's session (default {gw.DEFAULT_SESSION_HEADER})")
+    p.add_argument("--templates", default=TemplateMode.SYSTEM.value, choices=[m.value for m in TemplateMode],
+                   help="prompt normalisation, as ChatSGLang(templates=...) (default system)")
+    p.add_argument("--no-infer-sessions", action="store_true",
+                   help="a chat call without a session header or user field gets a fresh session "
+                        "instead of its conversation's")
+    p.add_argument("--max-concurrency", type=_positive(int), default=gw.DEFAULT_MAX_CONCURRENCY,
+                   help="calls in flight before 503 + Retry-After (default %(default)s)")
+    p.add_argument("--max-body-bytes", type=_positive(int), default=gw.DEFAULT_MAX_BODY_BYTES,
+                   help="largest request body (default %(default)s)")
+    p.add_argument("--timeout", type=_positive(float), default=gw.DEFAULT_TIMEOUT,
+                   help="seconds a worker may take to answer or to send its next stream event (default %(default)s)")
+    p.add_argument("--max-attempts", type=_positive(int), default=3, help="tries per call across workers")
+    p.add_argument("--extra-fields", metavar="NAME,...",
+                   help="request fields to pass through unchecked (fields of a newer SGLang)")
+    p.add_argument("--drain-timeout", type=_positive(float), default=30.0,
+                   help="seconds to let in-flight calls finish on SIGTERM (default %(default)s)")
+    p.add_argument("--log-level", default="warning")
+    p.add_argument("--http", default="auto", choices=["auto", "httptools", "h11"],
+                   help="HTTP parser (default auto: httptools, installed with agent-cache; docs/benchmarks.md)")
+    p.add_argument("--loop", default="auto", choices=["auto", "uvloop", "asyncio"],
+                   help="event loop (default auto: uvloop, installed with agent-cache; docs/benchmarks.md)")
+    p.set_defaults(func=_serve)
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     # listed for --help; main() hands the arguments to agent_cache.bench.runner
     sub.add_parser("bench", help="compare routing policies on agent workloads: fleet simulation (--engine sim) "
@@ -165,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_demo(sub)
     _add_explain(sub)
+    _add_serve(sub)
     _add_sim_worker(sub)
     _add_stats(sub)
     return parser

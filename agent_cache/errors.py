@@ -147,6 +147,24 @@ class NoHealthyWorkerError(RoutingError, ModelConnectionError):
     is_retryable = True
 
 
+# --- gateway ------------------------------------------------------------------
+
+
+class RequestRejectedError(AgentCacheError):
+    """The gateway refuses a request before routing it (no key, too large, overloaded).
+
+    ``status`` is the HTTP status, ``code`` the OpenAI error code, ``retry_after``
+    the seconds a client should wait before trying again (a saturated gateway).
+    """
+
+    def __init__(self, status: int, message: str, *, code: str | None = None,
+                 retry_after: float | None = None) -> None:
+        self.status = status
+        self.code = code
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
 # --- traces and benchmarks ----------------------------------------------------
 
 

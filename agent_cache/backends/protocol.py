@@ -49,6 +49,8 @@ CHAT_FIELDS = frozenset(
         "repetition_penalty",
         "logprobs",
         "top_logprobs",
+        "logit_bias",
+        "reasoning_effort",
         "user",
         "parallel_tool_calls",
         # SGLang extensions
@@ -71,6 +73,8 @@ CHAT_FIELDS = frozenset(
         "skip_special_tokens",
         "min_tokens",
         "stop_token_ids",
+        "stop_regex",
+        "custom_params",
     }
 )
 
@@ -182,7 +186,8 @@ def build_chat_body(
     return body
 
 
-def _usage(obj: Any) -> Usage | None:
+def parse_usage(obj: Any) -> Usage | None:
+    """The ``usage`` object of a response (``prompt_tokens_details.cached_tokens`` included), or None."""
     if not isinstance(obj, dict):
         return None
     details = obj.get("prompt_tokens_details") or {}
@@ -222,7 +227,7 @@ def parse_chat(data: Any, url: str) -> ChatResult:
             content=message.get("content"),
             tool_calls=calls,
             finish_reason=choice.get("finish_reason"),
-            usage=_usage(data.get("usage")),
+            usage=parse_usage(data.get("usage")),
             model=str(data.get("model", "")),
             id=str(data.get("id", "")),
             reasoning_content=message.get("reasoning_content"),
@@ -265,7 +270,7 @@ def parse_chat_chunk(data: Any, url: str) -> ChatChunk:
             reasoning_content=reasoning,
             tool_calls=deltas,
             finish_reason=finish,
-            usage=_usage(data.get("usage")),
+            usage=parse_usage(data.get("usage")),
             model=str(data.get("model", "")),
             id=str(data.get("id", "")),
             raw=data,

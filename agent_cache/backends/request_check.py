@@ -9,7 +9,7 @@ costs no worker a round trip. The option ranges are SGLang's own
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from agent_cache.backends.protocol import CHAT_FIELDS
 from agent_cache.errors import ConfigError
@@ -32,18 +32,20 @@ _INTEGERS = ("top_k", "seed")
 
 
 def check_chat_request(
-    messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any], owned: Mapping[str, str | None]
+    messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any], owned: Mapping[str, str | None],
+    fields: Collection[str] = CHAT_FIELDS, owner: str = "give ChatSGLang(tenant=...) instead",
 ) -> None:
     """Raise :class:`ConfigError` naming the field for a request SGLang or the router would refuse.
 
     ``params``: the chat completion fields (``extra_body`` included, merged
     as the client merges it); ``owned``: the router's value for each of
-    :data:`TENANT_FIELDS` (``None``: the field must not be set).
+    :data:`TENANT_FIELDS` (``None``: the field must not be set); ``fields``:
+    the request fields accepted; ``owner``: how the caller picks a tenant.
     """
     extra = params.get("extra_body") or {}
     if not isinstance(extra, Mapping):
         raise ConfigError("extra_body", f"expected a mapping, got {type(extra).__name__}")
-    unknown = sorted(str(k) for k in params if k != "extra_body" and k not in CHAT_FIELDS)
+    unknown = sorted(str(k) for k in params if k != "extra_body" and k not in fields)
     if unknown:
         raise ConfigError(unknown[0], f"not a chat completion field SGLang accepts (unknown: {unknown})")
     for field in TENANT_FIELDS:
@@ -51,7 +53,7 @@ def check_chat_request(
             value = source.get(field)
             if value is not None and value != owned.get(field):
                 raise ConfigError(where, "set by the router from the model's tenant, so one tenant cannot reach "
-                                         "another's cached prompts; give ChatSGLang(tenant=...) instead")
+                                         "another's cached prompts; " + owner)
     merged = {**{k: v for k, v in params.items() if k != "extra_body"}, **extra}
     for name, (low, high, low_ok) in _RANGES.items():
         value = merged.get(name)

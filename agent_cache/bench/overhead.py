@@ -9,6 +9,8 @@ path in front of it. The same ReAct calls go, one at a time, through:
   ``Router.aexecute`` and ``Router.areport``) over the in-process store;
 * ``agent-cache (Redis)``: the same over the Redis store (its Lua scripts, one
   round trip per decision plus the usage report);
+* ``agent-cache-gateway``: ``agent-cache serve`` (the same routing over the
+  same Redis, as its own process), an HTTP hop in front of the same worker;
 * ``smg-cache_aware``, ``smg-consistent_hashing``: the real smg gateway, an
   HTTP hop in front of the same worker.
 
@@ -33,13 +35,23 @@ from contextlib import ExitStack
 from typing import Any, Callable, Sequence
 
 from agent_cache.percentile import percentile
-from agent_cache.bench.realfleet import SMG_POLICIES, Processes, SimWorkers, SmgGateways, start_redis
+from agent_cache.bench.realfleet import (
+    GATEWAY_POLICY,
+    SMG_POLICIES,
+    AgentCacheGateways,
+    Processes,
+    SimWorkers,
+    SmgGateways,
+    start_redis,
+    write_gateway_keys,
+)
 from agent_cache.bench.realload import ChatClient, Job, call_path
 from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate
 from agent_cache.errors import AgentCacheError, ConfigError
 
 DIRECT = "direct"
 SMG_PATHS = ("smg-cache_aware", "smg-consistent_hashing")
+GATEWAY_PATH = GATEWAY_POLICY
 WARMUP_CALLS = 10
 
 
@@ -116,8 +128,12 @@ def table(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-async def _run(worker: str, redis_url: str, gateways: dict[str, str], calls: int, seed: int,
-               log: Callable[[str], None]) -> dict[str, dict[str, float]]:
+def _sessions(calls: int, seed: int) -> list[SessionSpec]:
+    return generate(WorkloadParams(kind="react", sessions=max(8, (calls + WARMUP_CALLS) // 3), rate=1.0, seed=seed))
+
+
+async def _run(worker: str, redis_url: str, gateways: dict[str, str], sessions: Sequence[SessionSpec], calls: int,
+               seed: int, log: Callable[[str], None]) -> dict[str, dict[str, float]]:
     client = ChatClient(timeout=60.0)
     prefix = f"agent-cache-overhead-{uuid.uuid4().hex[:8]}"
     paths: dict[str, Any] = {DIRECT: _Direct(worker, client)}
@@ -126,16 +142,19 @@ async def _run(worker: str, redis_url: str, gateways: dict[str, str], calls: int
                                                  redis_prefix=prefix), client)
     for name, url in gateways.items():
         paths[name] = call_path(Job(name, (), [worker], 0.0, seed=seed, gateways=(url,)), client)
-    sessions = generate(WorkloadParams(kind="react", sessions=max(8, (calls + WARMUP_CALLS) // 3), rate=1.0, seed=seed))
     try:
         return await measure(paths, sessions, calls, log)
     finally:
         for path in paths.values():
             await path.aclose()
         await client.aclose()
-        from agent_cache.store.redis_store import delete_deployment
+        _delete_deployment(redis_url, prefix)
 
-        delete_deployment(redis_url, prefix)
+
+def _delete_deployment(redis_url: str, prefix: str) -> None:
+    from agent_cache.store.redis_store import delete_deployment
+
+    delete_deployment(redis_url, prefix)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--redis", metavar="URL", help="Redis for the agent-cache (Redis) path (default: a private "
                    "redis-server); the run's keys are deleted at the end")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gateway-args", default="", metavar="ARGS",
+                   help="extra flags for agent-cache serve, e.g. '--http h11 --loop asyncio'")
     p.add_argument("--out", metavar="FILE", help="also write the results as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     args = p.parse_args(argv)
@@ -166,11 +187,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             stack.callback(workers.close)
             redis_url = args.redis or start_redis(procs)
             gateways: dict[str, str] = {}
+            log("starting agent-cache serve")
+            sessions = _sessions(args.calls, args.seed)
+            keys = write_gateway_keys(procs.dir + "/gateway-keys", (s.tenant for s in sessions))
+            gw_prefix = f"agent-cache-overhead-gw-{uuid.uuid4().hex[:8]}"
+            stack.callback(_delete_deployment, redis_url, gw_prefix)  # runs after the gateway stopped
+            ours = AgentCacheGateways(procs, workers.urls, redis_url=redis_url, args=[
+                "--prefix", gw_prefix, "--templates", "templatize",
+                "--api-keys", keys, "--extra-fields", "sim_output", *args.gateway_args.split()])
+            stack.callback(ours.stop)
+            gateways[GATEWAY_PATH] = ours.urls[0]
             for name in SMG_PATHS if smg else ():
                 group = SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls)
                 stack.callback(group.stop)
                 gateways[name] = group.urls[0]
-            results = asyncio.run(_run(workers.urls[0], redis_url, gateways, args.calls, args.seed, log))
+            results = asyncio.run(_run(workers.urls[0], redis_url, gateways, sessions, args.calls, args.seed, log))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -36,13 +36,16 @@ from typing import Any, Callable, Sequence
 
 from agent_cache.bench import report
 from agent_cache.bench.realfleet import (
+    GATEWAY_POLICY,
     SMG_POLICIES,
     SMG_TUNING,
+    AgentCacheGateways,
     Processes,
     SimWorkers,
     SmgGateways,
     smg_version,
     start_redis,
+    write_gateway_keys,
 )
 from agent_cache.bench.realload import REAL_POLICIES, Job, ReplicaResult, Replicas
 from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate, load_trace
@@ -262,8 +265,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name in names:
             t_policy = time.perf_counter()
             workers.flush()
-            gateway = (SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls, SMG_TUNING.get(name, ()),
-                                   count=gateways) if name in SMG_POLICIES else None)
+            gateway: SmgGateways | AgentCacheGateways | None = None
+            if name in SMG_POLICIES:
+                gateway = SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls, SMG_TUNING.get(name, ()),
+                                      count=gateways)
+            elif name == GATEWAY_POLICY:  # as the agent-cache policy routes: templatize, the run's Redis
+                keys = write_gateway_keys(os.path.join(procs.dir, "gateway-keys"), (s.tenant for s in sessions))
+                gateway = AgentCacheGateways(procs, workers.urls, redis_url=redis_url, count=gateways, args=[
+                    "--prefix", f"{run_prefix}-{name}", "--templates", "templatize", "--api-keys", keys,
+                    "--extra-fields", "sim_output", "--timeout", "300"])
             try:
                 t0 = time.monotonic() + 0.3
                 jobs = [Job(name, sessions[r::k], workers.urls, t0, replica=r, seed=args.seed,

@@ -17,6 +17,7 @@ a ``finally``, so nothing is left running after a failure.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import socket
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import httpx
 
@@ -51,6 +52,21 @@ SMG_TUNING: dict[str, tuple[str, ...]] = {
 ROUTING_KEY_HEADER = "x-smg-routing-key"
 # smg names the worker that served a request in this response header (HTTP workers)
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
+# agent-cache serve names it here, and takes the session and the tenant's key from these
+GATEWAY_POLICY = "agent-cache-gateway"
+GATEWAY_WORKER_HEADER = "x-agent-cache-worker"
+GATEWAY_SESSION_HEADER = "x-session-id"
+
+
+def gateway_key(tenant: str) -> str:
+    """The API key the benchmark gives each tenant of a workload (``agent-cache serve --api-keys``)."""
+    return "bench-" + hashlib.sha256(tenant.encode()).hexdigest()[:16]
+
+
+def write_gateway_keys(path: str, tenants: Iterable[str]) -> str:
+    with open(path, "w") as f:
+        f.writelines(f"{gateway_key(t)} {t}\n" for t in sorted(set(tenants)))
+    return path
 
 
 def free_port() -> int:
@@ -299,3 +315,31 @@ class SmgGateways:
         # smg drains for about 5 s on SIGTERM; nothing is in flight here, so it gets 1 s
         for proc in self.procs:
             self._procs.stop(proc, grace=1.0)
+
+
+class AgentCacheGateways:
+    """``count`` ``agent-cache serve`` processes in front of the workers, sharing one Redis
+    (what several gateway replicas behind a load balancer run); ready when each answers /health."""
+
+    def __init__(self, procs: Processes, worker_urls: Sequence[str], *, redis_url: str | None = None,
+                 count: int = 1, args: Sequence[str] = ()) -> None:
+        self._procs = procs
+        ports = [free_port() for _ in range(count)]
+        self.urls = [f"http://127.0.0.1:{port}" for port in ports]
+        self.procs: list[Proc] = []
+        store = ["--redis", redis_url] if redis_url else []
+        try:
+            for i, port in enumerate(ports):
+                argv = [sys.executable, "-m", "agent_cache.cli", "serve", "--workers", ",".join(worker_urls),
+                        "--port", str(port), *store, *args]
+                self.procs.append(procs.start(f"agent-cache-serve-{i}", argv))
+            for url, proc in zip(self.urls, self.procs):
+                wait_until(lambda url=url: httpx.get(url + "/health", timeout=2.0).status_code == 200, [proc],
+                           f"agent-cache serve ({proc.name})", timeout=60.0)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, grace: float = 10.0) -> None:
+        for proc in self.procs:
+            self._procs.stop(proc, grace=grace)

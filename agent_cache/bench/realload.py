@@ -42,7 +42,16 @@ from typing import Any, Awaitable, Callable, Sequence
 import httpx
 
 from agent_cache.backends.protocol import build_chat_body, http_error, parse_chat_chunk, sse_payload
-from agent_cache.bench.realfleet import MODEL, ROUTED_WORKER_HEADER, ROUTING_KEY_HEADER, SMG_POLICIES
+from agent_cache.bench.realfleet import (
+    GATEWAY_POLICY,
+    GATEWAY_SESSION_HEADER,
+    GATEWAY_WORKER_HEADER,
+    MODEL,
+    ROUTED_WORKER_HEADER,
+    ROUTING_KEY_HEADER,
+    SMG_POLICIES,
+    gateway_key,
+)
 from agent_cache.bench.workloads import CallSpec, ChatCall, SessionSpec
 from agent_cache.errors import (
     AgentCacheError,
@@ -55,7 +64,7 @@ from agent_cache.errors import (
 
 CLIENT_POLICIES = ("round-robin", "random", "least-load", "consistent-hash")
 AGENT_CACHE_POLICIES = {"agent-cache": "templatize", "agent-cache-no-templates": "off"}
-REAL_POLICIES = CLIENT_POLICIES + tuple(AGENT_CACHE_POLICIES) + tuple(SMG_POLICIES)
+REAL_POLICIES = CLIENT_POLICIES + tuple(AGENT_CACHE_POLICIES) + (GATEWAY_POLICY,) + tuple(SMG_POLICIES)
 
 
 @dataclass(frozen=True)
@@ -116,7 +125,8 @@ class ChatClient:
                                         headers=headers) as resp:
                 if resp.status_code >= 400:
                     raise http_error(resp.status_code, await resp.aread(), base)
-                worker = resp.headers.get(ROUTED_WORKER_HEADER, base).rstrip("/")
+                worker = (resp.headers.get(ROUTED_WORKER_HEADER) or resp.headers.get(GATEWAY_WORKER_HEADER)
+                          or base).rstrip("/")
                 done = False
                 async for line in resp.aiter_lines():
                     payload = sse_payload(line)
@@ -232,14 +242,16 @@ class _AgentCache:
 
 
 class _Gateway:
-    """Every call to an smg gateway, round-robin per call over the gateways (as a Service in front
-    of a gateway Deployment spreads requests); smg picks the worker."""
+    """Every call to a gateway (smg, or ``agent-cache serve``), round-robin per call over the
+    gateways (as a Service in front of a gateway Deployment spreads requests); the gateway picks
+    the worker. agent-cache's gateway gets the session in a header and the tenant from its key."""
 
     def __init__(self, job: Job, client: ChatClient) -> None:
-        assert job.gateways, "an smg policy needs at least one gateway"
+        assert job.gateways, "a gateway policy needs at least one gateway"
         self.urls = list(job.gateways)
         self.next = job.replica  # replicas start on different gateways
-        self.keyed = SMG_POLICIES[job.policy] == "consistent_hashing"
+        self.ours = job.policy == GATEWAY_POLICY
+        self.keyed = not self.ours and SMG_POLICIES[job.policy] == "consistent_hashing"
         self.client = client
 
     async def call(self, session: SessionSpec, call: CallSpec) -> _Reply:
@@ -248,6 +260,9 @@ class _Gateway:
         url = self.urls[self.next % len(self.urls)]
         self.next += 1
         headers = {ROUTING_KEY_HEADER: session.session_id} if self.keyed else None
+        if self.ours:
+            headers = {GATEWAY_SESSION_HEADER: session.session_id,
+                       "authorization": f"Bearer {gateway_key(session.tenant)}"}
         return await self.client.send(url, chat.messages, chat.tools, chat, headers=headers)
 
     def session_done(self, session_id: str) -> None:
@@ -263,7 +278,7 @@ def call_path(job: Job, client: ChatClient) -> _ClientSide | _AgentCache | _Gate
         return _ClientSide(job, client)
     if job.policy in AGENT_CACHE_POLICIES:
         return _AgentCache(job, client)
-    if job.policy in SMG_POLICIES:
+    if job.policy in SMG_POLICIES or job.policy == GATEWAY_POLICY:
         return _Gateway(job, client)
     raise ValueError(f"unknown policy {job.policy!r}")
 

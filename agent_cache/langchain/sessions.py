@@ -11,32 +11,17 @@ worker (``ChatSGLang(infer_sessions=False)``: a fresh id per call instead).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import uuid
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config
 
 from agent_cache.errors import ConfigError
+from agent_cache.routing.conversation import conversation_session
 
-
-def conversation_session(messages: Sequence[Mapping[str, Any]]) -> str:
-    """The session of a call without an id: ``conv-`` and a hash of the conversation's start.
-
-    The start is the leading system/developer messages and the first message
-    after them (the task). Runs with the same start share the session, which
-    is harmless for caching: they share that prefix too.
-    """
-    start = []
-    for m in messages:
-        start.append([m.get("role"), m.get("content")])
-        if m.get("role") not in ("system", "developer"):
-            break
-    text = json.dumps(start, ensure_ascii=False, sort_keys=True, default=str)
-    return "conv-" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+__all__ = ["conversation_session", "resolve_session_id", "session_from_config"]
 
 
 def _from_run_manager(run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None) -> Any:

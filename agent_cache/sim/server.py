@@ -136,6 +136,7 @@ class SimServer:
         v = self.engine.version
         routes = [
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/generate", self.generate, methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/health_generate", self.health, methods=["GET"]),
@@ -268,6 +269,70 @@ class SimServer:
         finally:
             if not task.done():
                 task.cancel()
+
+    # --- /v1/completions (serving_completions.py) -----------------------------
+
+    async def completions(self, request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+            prompt = body.get("prompt")
+            if isinstance(prompt, str):
+                prompt_ids = list(encode_text(prompt))
+            elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
+                prompt_ids = list(prompt)
+            else:
+                raise _BadRequest("prompt must be a string or a list of token ids")
+            max_tokens = _max_tokens(body)
+        except _BadRequest as exc:
+            return _error(str(exc))
+        try:
+            self.engine.check_prompt(prompt_ids)
+        except PromptTooLong as exc:
+            return _error(str(exc))
+        plan = plan_output({"messages": [], "sim_output": body.get("sim_output")}, prompt_ids)
+        output_ids, text, finish, matched = apply_stop(plan.text, _stops(body.get("stop")),
+                                                       16 if max_tokens is None else max_tokens)  # OpenAI's default
+        rid, created = str(body.get("rid") or new_rid()), int(time.time())
+        model = str(body.get("model") or self.options.served_model_name)
+        key = _cache_key(self.engine, body)
+
+        def data(choices: list[dict], usage: dict | None) -> dict[str, Any]:
+            return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,
+                    "usage": usage}
+
+        def choice(piece: str, reason: str | None) -> dict[str, Any]:
+            return {"index": 0, "text": piece, "logprobs": None, "finish_reason": reason,
+                    "matched_stop": matched if reason else None}
+
+        if not body.get("stream"):
+            cached, _ = await self.engine.serve(prompt_ids, output_ids, max_new_tokens=max_tokens, extra_key=key)
+            return JSONResponse(data([choice(text, finish)], _usage(self.engine, len(prompt_ids), len(output_ids),
+                                                                      cached)))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        async def events() -> AsyncIterator[bytes]:
+            progress: asyncio.Queue[int] = asyncio.Queue()
+            task = asyncio.ensure_future(self.engine.serve(prompt_ids, output_ids, max_new_tokens=max_tokens,
+                                                           extra_key=key, on_token=progress))
+            try:
+                sent = 0
+                while sent < len(output_ids):
+                    upto = await progress.get()
+                    piece = decode(output_ids[:upto])[len(decode(output_ids[:sent])):]
+                    if piece:
+                        yield b"data: " + json.dumps(data([choice(piece, None)], None)).encode() + b"\n\n"
+                    sent = upto
+                cached, _ = await task
+                yield b"data: " + json.dumps(data([choice("", finish)], None)).encode() + b"\n\n"
+                if include_usage:
+                    usage = _usage(self.engine, len(prompt_ids), len(output_ids), cached)
+                    yield b"data: " + json.dumps(data([], usage)).encode() + b"\n\n"
+                yield b"data: [DONE]\n\n"
+            finally:
+                if not task.done():
+                    task.cancel()
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     # --- native /generate -----------------------------------------------------
 

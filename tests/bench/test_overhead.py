@@ -7,7 +7,7 @@ import shutil
 
 import redis
 
-from agent_cache.bench.overhead import DIRECT, SMG_PATHS, main
+from agent_cache.bench.overhead import DIRECT, GATEWAY_PATH, SMG_PATHS, main
 
 SMG = shutil.which("smg")
 
@@ -17,7 +17,7 @@ def test_every_path_serves_the_same_calls_and_the_run_leaves_no_keys(redis_serve
     assert main(["--calls", "12", "--redis", redis_server.url, "--out", str(out), "--quiet"]) == 0
     doc = json.loads(out.read_text())
     paths = doc["paths"]
-    want = [DIRECT, "agent-cache (memory)", "agent-cache (Redis)"] + (list(SMG_PATHS) if SMG else [])
+    want = [DIRECT, "agent-cache (memory)", "agent-cache (Redis)", GATEWAY_PATH] + (list(SMG_PATHS) if SMG else [])
     assert list(paths) == want
     for name, row in paths.items():
         assert row["calls"] == 12, name
@@ -28,7 +28,7 @@ def test_every_path_serves_the_same_calls_and_the_run_leaves_no_keys(redis_serve
     table = capsys.readouterr().out
     assert table.startswith("| path |") and all(f"| {name} |" in table for name in want)
     client = redis.Redis.from_url(redis_server.url)
-    try:  # the agent-cache (Redis) path wrote under its own prefix, deleted at the end
+    try:  # the agent-cache (Redis) path and the gateway wrote under their own prefixes, deleted at the end
         assert not list(client.scan_iter("agent-cache-overhead-*"))
     finally:
         client.close()

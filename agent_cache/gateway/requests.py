@@ -1,0 +1,143 @@
+"""An incoming gateway request made ready to route: checked, its session found, its prompt templated.
+
+Three endpoints are proxied: OpenAI's ``/v1/chat/completions`` and
+``/v1/completions`` and SGLang's native ``/generate``. Each request is checked
+against the fields SGLang accepts (an unknown field is an error naming it),
+its session is found (header, then the OpenAI ``user`` field, then for chat
+the conversation's fingerprint), the chat prompt goes through the same
+:class:`~agent_cache.templates.Templater` as ``ChatSGLang``, and the tenant's
+``extra_key`` is set so tenants never share cached prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from agent_cache.backends.protocol import CHAT_FIELDS
+from agent_cache.backends.request_check import TENANT_FIELDS, check_chat_request, check_text
+from agent_cache.errors import ConfigError, TemplateError
+from agent_cache.gateway.config import ApiKey
+from agent_cache.routing.router import RouteRequest
+from agent_cache.templates.templater import NormalizedPrompt, Templater
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+GENERATE = "/generate"
+
+# Fields OpenAI clients send that SGLang has no use for: accepted, not forwarded.
+OPENAI_ONLY_FIELDS = frozenset({"store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
+                                "modalities", "verbosity"})
+# SGLang's CompletionRequest (0.5.x) fields
+COMPLETION_FIELDS = frozenset({
+    "model", "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
+    "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature", "top_p", "user",
+    "top_k", "min_p", "min_tokens", "json_schema", "regex", "ebnf", "repetition_penalty", "stop_token_ids",
+    "stop_regex", "no_stop_trim", "ignore_eos", "skip_special_tokens", "lora_path", "session_params",
+    "response_format", "custom_params", "rid", "extra_key", "cache_salt", "priority",
+    "return_cached_tokens_details",
+})
+# SGLang's GenerateReqInput (0.5.x) fields a client may set
+GENERATE_FIELDS = frozenset({
+    "text", "input_ids", "input_embeds", "image_data", "video_data", "audio_data", "sampling_params",
+    "return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs",
+    "stream", "log_metrics", "return_hidden_states", "modalities", "session_params", "lora_path", "lora_id",
+    "custom_logit_processor", "priority", "extra_key", "rid", "routing_key", "no_logs", "custom_labels",
+})
+_FIELDS = {CHAT: CHAT_FIELDS, COMPLETIONS: COMPLETION_FIELDS, GENERATE: GENERATE_FIELDS}
+_TENANT_HINT = "the gateway sets it from the API key's tenant"
+
+
+@dataclass(frozen=True)
+class GatewayCall:
+    """One request, ready to send to whichever worker the router picks."""
+
+    path: str
+    body: bytes  # the JSON body for the worker
+    route: RouteRequest
+    stream: bool
+    include_usage: bool  # the client asked for the usage chunk of a stream
+    prompt: NormalizedPrompt | None  # chat only: recorded in the template registry once served
+
+
+def parse_json_body(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or ConfigError naming what is wrong."""
+    try:
+        body = json.loads(raw)
+    except UnicodeDecodeError as exc:
+        raise ConfigError("body", f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except ValueError as exc:
+        raise ConfigError("body", f"not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ConfigError("body", f"expected a JSON object, got {type(body).__name__}")
+    return body
+
+
+def find_session(headers: Mapping[str, str], header: str, body: Mapping[str, Any],
+                 infer: Callable[[], str] | None) -> str:
+    """The session of a request: the session header, the ``user`` field, the inferred one, or a fresh id."""
+    for field, value in ((header, headers.get(header)), ("user", body.get("user"))):
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            raise ConfigError(field, f"a session id must be a non-empty string, got {value!r}")
+        check_text(value, field)
+        return value
+    return infer() if infer is not None else f"anon-{uuid.uuid4().hex}"
+
+
+def _encode(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def prepare(path: str, body: dict[str, Any], *, grant: ApiKey, extra_key: str | None, session: str,
+            templater: Templater | None, pool: str | None, extra_fields: frozenset[str]) -> GatewayCall:
+    """Check one request and build what goes to the worker; raises ConfigError naming the bad field."""
+    if "extra_body" in body:
+        raise ConfigError("extra_body", "not a request field: OpenAI clients merge extra_body into the body")
+    params = {k: v for k, v in body.items() if k not in OPENAI_ONLY_FIELDS and k not in extra_fields}
+    fields = _FIELDS[path] | extra_fields
+    stream = bool(body.get("stream"))
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise ConfigError("stream_options", f"expected an object, got {type(options).__name__}")
+    include_usage = bool((options or {}).get("include_usage"))
+    prompt: NormalizedPrompt | None = None
+    template_id, tokens = None, 0
+    if path == CHAT:
+        messages = params.pop("messages", None)
+        if messages is None:
+            raise ConfigError("messages", "required: the conversation so far")
+        if not isinstance(messages, list) or not messages:
+            raise ConfigError("messages", "expected a non-empty list of messages")
+        check_chat_request(messages, params, {"extra_key": extra_key}, fields=fields, owner=_TENANT_HINT)
+        if templater is None:
+            raise ValueError("a chat request needs the tenant's templater")
+        try:
+            prompt = templater.normalize(messages, params.get("tools"), session_id=session)
+        except TemplateError as exc:
+            field = exc.field if exc.field.startswith(("messages", "tools")) else f"messages.{exc.field}"
+            raise ConfigError(field, str(exc).split(": ", 1)[-1]) from None
+        params["messages"] = prompt.messages
+        if prompt.tools is not None:
+            params["tools"] = prompt.tools
+        template_id, tokens = prompt.template_id, prompt.template_tokens
+    else:
+        if path == COMPLETIONS and "prompt" not in params:
+            raise ConfigError("prompt", "required: the text to complete")
+        if path == GENERATE and ("text" in params) == ("input_ids" in params):
+            raise ConfigError("text", "give exactly one of text or input_ids")
+        check_chat_request([], params, {"extra_key": extra_key}, fields=fields, owner=_TENANT_HINT)
+    for name in TENANT_FIELDS:
+        params.pop(name, None)
+    if extra_key is not None:
+        params["extra_key"] = extra_key
+    if stream and path != GENERATE:
+        params["stream_options"] = {**(options or {}), "include_usage": True}  # the router needs the usage
+    for name in extra_fields & body.keys():
+        params[name] = body[name]
+    route = RouteRequest(session_id=session, template_id=template_id, tenant=grant.tenant,
+                         pool=grant.pool or pool, prompt_tokens_estimate=tokens)
+    return GatewayCall(path, _encode(params), route, stream, include_usage or path == GENERATE, prompt)

@@ -1,0 +1,351 @@
+"""``agent-cache serve`` as a process in front of simulated workers, driven by the official OpenAI client."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+import uuid
+from typing import Any, Iterator
+
+import httpx
+import openai
+import pytest
+import redis
+
+from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+from agent_cache.sim import SimFleet
+
+REDIS = "redis://127.0.0.1:6379/0"
+TOOLS = [{"type": "function", "function": {
+    "name": f"tool_{i}", "description": f"Tool number {i}.",
+    "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
+    for i in range(7)]
+SYSTEM = ("You are a research agent. Today is 2026-12-03 14:07:31 UTC. The user is alice@example.com. "
+          + "Use the tools in order and report what they return. " * 20)
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[SimFleet]:
+    with SimFleet(3) as f:
+        yield f
+
+
+@pytest.fixture
+def procs() -> Iterator[Processes]:
+    with Processes() as p:
+        yield p
+
+
+def _gateway(procs: Processes, fleet: SimFleet, *args: str, count: int = 1, redis_url: str | None = REDIS,
+             prefix: str | None = None) -> AgentCacheGateways:
+    prefix_args = ["--prefix", prefix or f"t-{uuid.uuid4().hex[:10]}"]
+    return AgentCacheGateways(procs, fleet.urls, redis_url=redis_url, count=count, args=[*prefix_args, *args])
+
+
+def _agent_run(client: openai.OpenAI, session: str, *, stream: bool) -> list[tuple[str, int, int]]:
+    """An 8-step tool-calling agent: 7 tool calls (tool_choice required), then the answer.
+    Returns (worker, prompt tokens, cached tokens) per step."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
+                                      {"role": "user", "content": f"Task {session}: look everything up."}]
+    steps = []
+    for step in range(8):
+        choice = "required" if step < 7 else "auto"  # auto: no tool is named in the task, so it answers
+        kwargs: dict[str, Any] = dict(model="m", messages=messages, tools=TOOLS, tool_choice=choice,
+                                      max_tokens=16, extra_headers={"x-session-id": session})
+        if stream:
+            raw = client.chat.completions.with_raw_response.create(
+                stream=True, stream_options={"include_usage": True}, **kwargs)
+            calls: dict[int, dict[str, Any]] = {}
+            text, usage = "", None
+            for chunk in raw.parse():
+                usage = chunk.usage or usage
+                for c in chunk.choices:
+                    text += c.delta.content or ""
+                    for d in c.delta.tool_calls or []:
+                        entry = calls.setdefault(d.index, {"id": d.id, "name": "", "arguments": ""})
+                        entry["name"] += (d.function.name or "") if d.function else ""
+                        entry["arguments"] += (d.function.arguments or "") if d.function else ""
+            tool_calls = [{"id": c["id"], "type": "function",
+                           "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls.values()]
+        else:
+            raw = client.chat.completions.with_raw_response.create(**kwargs)
+            out = raw.parse()
+            usage, text = out.usage, out.choices[0].message.content or ""
+            tool_calls = [c.model_dump() for c in out.choices[0].message.tool_calls or []]
+        assert raw.headers["x-agent-cache-session"] == session
+        assert usage is not None and usage.prompt_tokens_details is not None
+        steps.append((raw.headers["x-agent-cache-worker"], usage.prompt_tokens,
+                      usage.prompt_tokens_details.cached_tokens or 0))
+        if step < 7:
+            assert len(tool_calls) == 1 and tool_calls[0]["function"]["name"].startswith("tool_")
+            messages.append({"role": "assistant", "content": None, "tool_calls": tool_calls})
+            messages.append({"role": "tool", "tool_call_id": tool_calls[0]["id"], "content": f"result {step}"})
+        else:
+            assert text and not tool_calls
+    return steps
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_openai_client_runs_an_agent_on_one_worker_with_the_cache_growing(procs, fleet, stream):
+    gw = _gateway(procs, fleet)
+    client = openai.OpenAI(base_url=gw.urls[0] + "/v1", api_key="unused", max_retries=0)
+    for _ in range(3):
+        steps = _agent_run(client, f"s-{uuid.uuid4().hex[:8]}", stream=stream)
+        assert len({w for w, _, _ in steps}) == 1, steps
+        cached = [c for _, _, c in steps]
+        assert all(b > a for a, b in zip(cached, cached[1:])), cached
+        # each step reuses the whole previous prompt
+        assert all(c >= p for (_, p, _), (_, _, c) in zip(steps, steps[1:])), steps
+
+
+def test_chat_openai_create_agent_sticks_without_a_session_header(procs, fleet):
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    def make(i: int):
+        @tool(f"lookup_{i}")
+        def lookup(query: str) -> str:
+            """Look a fact up."""
+            return f"fact {i} about {query}"
+        return lookup
+
+    tools = [make(i) for i in range(7)]
+    gw = _gateway(procs, fleet)
+    model = ChatOpenAI(base_url=gw.urls[0] + "/v1", api_key="unused", model="m", include_response_headers=True,
+                       max_retries=0)
+    agent = create_agent(model, tools=tools, system_prompt=SYSTEM)
+    task = "Use " + ", ".join(f"lookup_{i}" for i in range(7)) + " on 'tides', then answer."
+    for run in range(2):
+        out = agent.invoke({"messages": [("user", f"Run {run}. {task}")]})
+        ais = [m for m in out["messages"] if isinstance(m, AIMessage)]
+        assert len(ais) == 8 and all(m.tool_calls for m in ais[:7]) and not ais[7].tool_calls
+        workers = {m.response_metadata["headers"]["x-agent-cache-worker"] for m in ais}
+        sessions = {m.response_metadata["headers"]["x-agent-cache-session"] for m in ais}
+        assert len(workers) == 1 and len(sessions) == 1 and next(iter(sessions)).startswith("conv-")
+        reads = [m.usage_metadata["input_token_details"]["cache_read"] for m in ais]
+        assert all(b > a for a, b in zip(reads, reads[1:])), reads
+    # streamed through ChatOpenAI too
+    chunks = list(model.stream([("system", SYSTEM), ("user", "hello")], stream_usage=True))
+    merged = chunks[0]
+    for c in chunks[1:]:
+        merged += c
+    assert len(chunks) > 3 and merged.text and merged.usage_metadata["input_tokens"] > 100
+
+
+def _keys(prefix: str) -> list[bytes]:
+    return list(redis.Redis.from_url(REDIS).scan_iter(match=f"*{prefix}*", count=1000))
+
+
+def test_bad_requests_get_openai_errors_naming_the_field_and_write_nothing(procs, fleet):
+    prefix = f"t-{uuid.uuid4().hex[:10]}"
+    gw = _gateway(procs, fleet, "--max-body-bytes", "20000", prefix=prefix)
+    url = gw.urls[0] + "/v1/chat/completions"
+    good = [{"role": "user", "content": "hi"}]
+    cases = [
+        (b"{not json", 400, "body"),
+        (b"[1, 2]", 400, "body"),
+        (json.dumps({"model": "m"}).encode(), 400, "messages"),
+        (json.dumps({"model": "m", "messages": []}).encode(), 400, "messages"),
+        (json.dumps({"model": "m", "messages": good, "temprature": 0.5}).encode(), 400, "temprature"),
+        (json.dumps({"model": "m", "messages": good, "temperature": -1}).encode(), 400, "temperature"),
+        (json.dumps({"model": "m", "messages": good, "extra_key": "other-tenant"}).encode(), 400, "extra_key"),
+        (json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}).encode(), 400,
+         "messages[0].role"),
+        (json.dumps({"model": "m", "messages": good, "user": ""}).encode(), 400, "user"),
+        (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 30000}]}).encode(), 413, None),
+    ]
+    for body, status, param in cases:
+        r = httpx.post(url, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == status, (body[:80], r.text)
+        err = r.json()["error"]
+        assert err["message"] and err["type"] == "invalid_request_error"
+        assert err["param"] == param, (body[:80], err)
+    r = httpx.post(gw.urls[0] + "/v1/completions", json={"model": "m"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert _keys(prefix) == []  # nothing routed, nothing written
+    r = httpx.post(url, json={"model": "m", "messages": good, "max_tokens": 4})
+    assert r.status_code == 200 and _keys(prefix)
+
+
+def test_api_keys_map_to_tenants_that_never_share_cached_prompts(procs, tmp_path):
+    fleet = SimFleet(1).start()  # one worker: both tenants' calls meet on it
+    secret_a, secret_b = "sk-a-" + uuid.uuid4().hex, "sk-b-" + uuid.uuid4().hex
+    keys = tmp_path / "keys"
+    keys.write_text(f"# key tenant\n{secret_a} team-a\n{secret_b} team-b\n")
+    prefix = f"t-{uuid.uuid4().hex[:10]}"
+    try:
+        _check_tenants(procs, fleet, keys, prefix, secret_a, secret_b)
+    finally:
+        fleet.stop()
+
+
+def _check_tenants(procs, fleet, keys, prefix, secret_a, secret_b):
+    gw = _gateway(procs, fleet, "--api-keys", str(keys), prefix=prefix)
+    url = gw.urls[0] + "/v1/chat/completions"
+    body = {"model": "m", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "q"}],
+            "max_tokens": 4}
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": secret_a}):
+        r = httpx.post(url, json=body, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    session = {"x-session-id": "shared-name"}
+    a1 = httpx.post(url, json=body, headers={"authorization": f"Bearer {secret_a}", **session}).json()
+    a2 = httpx.post(url, json=body, headers={"authorization": f"Bearer {secret_a}", **session}).json()
+    b1 = httpx.post(url, json=body, headers={"authorization": f"Bearer {secret_b}", **session}).json()
+    assert a1["usage"]["prompt_tokens"] > 200
+    assert a2["usage"]["prompt_tokens_details"]["cached_tokens"] >= a1["usage"]["prompt_tokens"] - 1
+    assert b1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # team-b cannot reach team-a's cache
+    client = redis.Redis.from_url(REDIS)
+    stored = b"".join(k + json.dumps(client.dump(k).hex()).encode() for k in _keys(prefix))
+    assert b"team-a" in stored or b"team-b" in stored
+    for secret in (secret_a, secret_b):  # keys are never stored nor logged
+        assert secret.encode() not in stored and secret.encode().hex().encode() not in stored
+        assert secret not in gw.procs[0].tail(100_000)
+
+
+def test_two_replicas_behind_a_round_robin_keep_every_session_on_one_worker(procs, fleet):
+    gw = _gateway(procs, fleet, count=2)
+    clients = [openai.OpenAI(base_url=u + "/v1", api_key="unused", max_retries=0) for u in gw.urls]
+    seen: dict[str, set[str]] = {}
+    for step in range(4):
+        for s in range(12):
+            session = f"rr-{s}"
+            client = clients[(step * 12 + s) % 2]  # every other call lands on the other replica
+            r = client.chat.completions.with_raw_response.create(
+                model="m", messages=[{"role": "user", "content": f"session {s} step {step}"}], max_tokens=4,
+                extra_headers={"x-session-id": session})
+            seen.setdefault(session, set()).add(r.headers["x-agent-cache-worker"])
+    assert all(len(w) == 1 for w in seen.values()), seen
+    assert len({next(iter(w)) for w in seen.values()}) > 1  # and the sessions are spread
+
+
+def test_completions_and_generate_are_sticky_per_session(procs, fleet):
+    gw = _gateway(procs, fleet)
+    prompt = "Answer the question by thinking step by step.\n" * 30 + "Question: how tall is the tower?\n"
+    workers, cached = set(), []
+    for step in range(4):
+        r = httpx.post(gw.urls[0] + "/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 8},
+                       headers={"x-session-id": "react-text"})
+        assert r.status_code == 200, r.text
+        workers.add(r.headers["x-agent-cache-worker"])
+        cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+        prompt += r.json()["choices"][0]["text"] + f"\nObservation: {step}\nThought:"
+    assert len(workers) == 1 and all(b > a for a, b in zip(cached, cached[1:])), cached
+    with httpx.stream("POST", gw.urls[0] + "/v1/completions", headers={"x-session-id": "react-text"},
+                      json={"model": "m", "prompt": prompt, "max_tokens": 8, "stream": True}) as r:
+        assert r.headers["x-agent-cache-worker"] in workers
+        events = [line for line in r.iter_lines() if line.startswith("data:")]
+    assert events[-1] == "data: [DONE]" and '"usage": {' not in "".join(events)  # no usage chunk unasked
+    r = httpx.post(gw.urls[0] + "/generate", headers={"x-session-id": "react-text"},
+                   json={"text": prompt, "sampling_params": {"max_new_tokens": 4}})
+    assert r.status_code == 200 and r.headers["x-agent-cache-worker"] in workers
+    assert r.json()["meta_info"]["cached_tokens"] > 100
+
+
+def test_health_models_and_metrics(procs, fleet):
+    gw = _gateway(procs, fleet)
+    health = httpx.get(gw.urls[0] + "/health").json()
+    assert health["status"] == "ok" and set(health["workers"]) == set(fleet.urls)
+    models = httpx.get(gw.urls[0] + "/v1/models").json()
+    assert models["data"][0]["id"]
+    httpx.post(gw.urls[0] + "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user",
+                                                                                       "content": "x"}]})
+    text = httpx.get(gw.urls[0] + "/metrics").text
+    assert 'agent_cache_gateway_requests_total{endpoint="/v1/chat/completions",status="200"} 1.0' in text
+    assert "agent_cache_routing_decisions_total" in text
+
+
+def test_a_worker_killed_mid_run_fails_no_agent_step(procs):
+    with SimFleet(3, time_scale=0.05) as fleet:
+        gw = _gateway(procs, fleet)
+        client = openai.OpenAI(base_url=gw.urls[0] + "/v1", api_key="unused", max_retries=0, timeout=30)
+        sessions = [f"k-{i}" for i in range(6)]
+        history = {s: [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"task {s}"}]
+                   for s in sessions}
+        failures: list[BaseException] = []
+        killed: list[str] = []
+
+        def step(s: str, stream: bool) -> str:
+            r = client.chat.completions.with_raw_response.create(
+                model="m", messages=history[s], max_tokens=24, stream=stream, extra_headers={"x-session-id": s})
+            if stream:
+                text = "".join(c.choices[0].delta.content or "" for c in r.parse() if c.choices)
+            else:
+                text = r.parse().choices[0].message.content or ""
+            assert text
+            history[s] += [{"role": "assistant", "content": text}, {"role": "user", "content": "go on"}]
+            return r.headers["x-agent-cache-worker"]
+
+        first = {s: step(s, False) for s in sessions}
+        victim = first[sessions[0]]
+
+        def run(s: str, n: int) -> None:
+            try:
+                for k in range(n):
+                    step(s, k % 2 == 1)
+            except BaseException as exc:  # noqa: BLE001 - counted below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=run, args=(s, 4)) for s in sessions]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)  # calls are in flight: kill the first session's worker under them
+        fleet.stop_worker(fleet.urls.index(victim))
+        killed.append(victim)
+        for t in threads:
+            t.join(60)
+        assert failures == []
+        after = {s: step(s, False) for s in sessions}
+        assert victim not in after.values()
+
+
+def test_redis_killed_mid_run_fails_no_call(procs, fleet, redis_server_factory):
+    server = redis_server_factory()
+    gw = _gateway(procs, fleet, redis_url=server.url)
+    client = openai.OpenAI(base_url=gw.urls[0] + "/v1", api_key="unused", max_retries=0)
+    ok = 0
+    for i in range(30):
+        if i == 10:
+            server.stop()
+        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"call {i}"}],
+                                           max_tokens=4, extra_headers={"x-session-id": f"r-{i % 3}"})
+        ok += bool(r.choices[0].message.content)
+    assert ok == 30
+
+
+def test_saturated_gateway_answers_503_with_retry_after(procs):
+    with SimFleet(1, time_scale=1.0) as fleet:
+        gw = _gateway(procs, fleet, "--max-concurrency", "1")
+        url = gw.urls[0] + "/v1/chat/completions"
+        body = {"model": "m", "messages": [{"role": "user", "content": "x " * 3000}], "max_tokens": 64}
+        results: list[httpx.Response] = []
+        t = threading.Thread(target=lambda: results.append(httpx.post(url, json=body, timeout=60)))
+        t.start()
+        time.sleep(0.3)
+        r = httpx.post(url, json=body, timeout=60)
+        t.join()
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "overloaded"
+        assert results[0].status_code == 200
+
+
+def test_sigterm_drains_a_stream_in_flight(procs):
+    with SimFleet(1, time_scale=1.0) as fleet:
+        gw = _gateway(procs, fleet)
+        body = {"model": "m", "messages": [{"role": "user", "content": "tell me"}], "max_tokens": 48,
+                "stream": True}
+        with httpx.stream("POST", gw.urls[0] + "/v1/chat/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            first = next(lines)
+            gw.procs[0].popen.send_signal(signal.SIGTERM)
+            rest = list(lines)
+        assert first.startswith("data:") and "data: [DONE]" in rest  # the stream ran to its end
+        content = [json.loads(line[5:])["choices"][0]["delta"].get("content") for line in [first, *rest]
+                   if line.startswith("data: {")]
+        assert len([c for c in content if c]) > 5
+        gw.procs[0].popen.wait(30)
+        # uvicorn exits by re-raising the signal once it has drained
+        assert gw.procs[0].popen.returncode in (0, -signal.SIGTERM)
