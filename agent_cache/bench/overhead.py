@@ -166,10 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             stack.callback(workers.close)
             redis_url = args.redis or start_redis(procs)
             gateways: dict[str, str] = {}
-            for name in SMG_PATHS if smg else ():
-                group = SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls)
-                stack.callback(group.stop)
-                gateways[name] = group.urls[0]
+            if smg:
+                for name in SMG_PATHS:
+                    group = SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls)
+                    stack.callback(group.stop)
+                    gateways[name] = group.urls[0]
             results = asyncio.run(_run(workers.urls[0], redis_url, gateways, args.calls, args.seed, log))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
