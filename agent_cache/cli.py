@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 from agent_cache import environment
 
@@ -37,8 +37,11 @@ def _sim_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(kind: type):
-    def parse(text: str):
+_Num = TypeVar("_Num", int, float)
+
+
+def _positive(kind: type[_Num]) -> Callable[[str], _Num]:
+    def parse(text: str) -> _Num:
         value = kind(text)
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")
@@ -54,7 +57,7 @@ def _non_negative(text: str) -> float:
     return value
 
 
-def _add_sim_worker(sub: argparse._SubParsersAction) -> None:
+def _add_sim_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from agent_cache.sim.scheduler import SCHEDULE_POLICIES
     from agent_cache.sim.versions import LATEST_VERSION, SUPPORTED_VERSIONS
 
@@ -93,7 +96,7 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
-def _add_demo(sub: argparse._SubParsersAction) -> None:
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="ReAct agents through agent-cache and through round-robin, side by side")
     p.add_argument("--workers", nargs="+", metavar="URL", default=environment.workers(),
                    help=f"real SGLang worker URLs (default: ${environment.WORKERS}, else a simulated fleet)")
@@ -109,7 +112,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_demo)
 
 
-def _add_explain(sub: argparse._SubParsersAction) -> None:
+def _add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("explain", help="where prompts of a trace diverge from their cacheable prefix, and why",
                        add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -142,7 +145,7 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_stats(sub: argparse._SubParsersAction) -> None:
+def _add_stats(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("stats", help="the live picture from the metadata store: workers, sessions, templates, hit rates")
     default = environment.value(environment.REDIS_URL)
     p.add_argument("--redis", required=default is None, default=default, metavar="URL",
@@ -185,7 +188,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_serve(sub: argparse._SubParsersAction) -> None:
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from agent_cache.gateway import config as gw
     from agent_cache.templates.templater import TemplateMode
 
@@ -230,7 +233,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_serve)
 
 
-def _add_bench(sub: argparse._SubParsersAction) -> None:
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     # listed for --help; main() hands the arguments to agent_cache.bench.runner
     sub.add_parser("bench", help="compare routing policies on agent workloads: fleet simulation (--engine sim) "
                    "or real processes with the smg gateway (--engine real); see bench --help")

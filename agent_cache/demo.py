@@ -25,7 +25,7 @@ import uuid
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage
@@ -73,8 +73,9 @@ _AGENT_RULES = (
     for i in range(30)
 )
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.USub: operator.neg, ast.Pow: operator.pow, ast.Mod: operator.mod}
+_OPS: dict[type[ast.AST], Callable[..., float]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.USub: operator.neg, ast.Pow: operator.pow, ast.Mod: operator.mod}
 
 
 def _evaluate(node: ast.AST) -> float:
@@ -146,7 +147,7 @@ class _FirstToken(BaseCallbackHandler):
     def on_chat_model_start(self, serialized: Any, messages: Any, *, run_id: Any, **kwargs: Any) -> None:
         self.started[run_id] = time.perf_counter()
 
-    def on_llm_new_token(self, token: str, *, run_id: Any, **kwargs: Any) -> None:
+    def on_llm_new_token(self, token: str | list[str | dict[str, Any]], *, run_id: Any, **kwargs: Any) -> None:
         start = self.started.pop(run_id, None)
         if start is not None:
             self.ttft.append(time.perf_counter() - start)
@@ -159,8 +160,8 @@ class RunResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     ttft: list[float] = field(default_factory=list)
-    sessions_per_worker: Counter = field(default_factory=Counter)
-    calls_per_worker: Counter = field(default_factory=Counter)
+    sessions_per_worker: Counter[str] = field(default_factory=Counter)
+    calls_per_worker: Counter[str] = field(default_factory=Counter)
     one_worker_sessions: int = 0
     sessions: int = 0
     seconds: float = 0.0
@@ -186,7 +187,7 @@ async def _run_session(agent: Any, index: int, user: str, result: RunResult, tim
     result.one_worker_sessions += len(workers) == 1
     result.sessions_per_worker[replies[0].response_metadata["worker"]] += 1
     for m in replies:
-        usage = m.usage_metadata or {}
+        usage: Mapping[str, Any] = m.usage_metadata or {}
         result.calls += 1
         result.prompt_tokens += usage.get("input_tokens", 0)
         result.cached_tokens += (usage.get("input_token_details") or {}).get("cache_read", 0)

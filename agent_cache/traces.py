@@ -26,7 +26,7 @@ class TraceCall:
     session_id: str
     call_index: int
     t: float | None
-    messages: list[dict]
+    messages: list[dict[str, Any]]
     output: str
     output_tokens: int | None
     agent: str
@@ -67,7 +67,7 @@ def iter_trace(path: str) -> Iterator[TraceCall]:
     """Yield the calls of a trace in file order; malformed lines raise TraceFormatError."""
     p = str(path)
     opener = gzip.open if p.endswith(".gz") else open
-    with opener(p, "rt", encoding="utf-8") as f:  # type: ignore[operator]
+    with opener(p, "rt", encoding="utf-8") as f:
         n = 0
         while True:
             n += 1

@@ -116,7 +116,7 @@ class ChatResult:
     id: str
     reasoning_content: str | None = None
     matched_stop: Any = None
-    raw: dict = field(default_factory=dict, repr=False)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ class ChatChunk:
     usage: Usage | None
     model: str
     id: str
-    raw: dict = field(default_factory=dict, repr=False)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class GenerateResult:
     cached_tokens: int
     finish_reason: Any
     e2e_latency: float | None
-    raw: dict = field(default_factory=dict, repr=False)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 def build_chat_body(
@@ -334,7 +334,8 @@ def http_error(status: int, body: bytes | str, url: str) -> BackendError:
 
 def stream_error_event(data: Mapping[str, Any], url: str) -> BackendError:
     """An error event carried inside an SSE stream."""
-    err = data.get("error") if isinstance(data.get("error"), dict) else data
+    error = data.get("error")
+    err: Mapping[str, Any] = error if isinstance(error, dict) else data
     message = str(err.get("message", err))
     code = err.get("code")
     status = int(code) if isinstance(code, int) or (isinstance(code, str) and code.isdigit()) else None

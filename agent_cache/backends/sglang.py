@@ -9,7 +9,7 @@ and differ only in how they do I/O. Errors are typed
 from __future__ import annotations
 
 import contextlib
-from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Iterator, Mapping, Sequence, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -108,6 +108,10 @@ class _Base:
         self._check(response)
         return decode_json(response.content, self.base_url, what)
 
+    def _json_object(self, response: httpx.Response, what: str) -> dict[str, Any]:
+        # the info, models and tokenize endpoints answer a JSON object; passed on unchecked, as before
+        return cast(dict[str, Any], self._json(response, what))
+
     def _chunk(self, payload: str) -> ChatChunk:
         return parse_chat_chunk(decode_json(payload, self.base_url, "stream chunk"), self.base_url)
 
@@ -156,7 +160,7 @@ class SGLangClient(_Base):
             raise self._map_transport(exc) from exc
 
     @contextlib.contextmanager
-    def _stream(self, path: str, body: dict, timeout: float | None) -> Iterator[Iterator[str]]:
+    def _stream(self, path: str, body: dict[str, Any], timeout: float | None) -> Iterator[Iterator[str]]:
         kwargs: dict[str, Any] = {"json": body}
         if timeout is not None:
             kwargs["timeout"] = _timeout(timeout)
@@ -271,7 +275,7 @@ class SGLangClient(_Base):
             response = self._request("GET", path)
             if response.status_code != 404:
                 self._info_paths[name] = path
-        return self._json(response, path)
+        return self._json_object(response, path)
 
     def server_info(self) -> dict[str, Any]:
         """``/server_info`` (``/get_server_info`` on SGLang before 0.5.6)."""
@@ -282,7 +286,7 @@ class SGLangClient(_Base):
         return self._info("model_info")
 
     def models(self) -> dict[str, Any]:
-        return self._json(self._request("GET", "/v1/models"), "/v1/models")
+        return self._json_object(self._request("GET", "/v1/models"), "/v1/models")
 
     def metrics(self) -> dict[str, float]:
         response = self._request("GET", "/metrics")
@@ -294,7 +298,7 @@ class SGLangClient(_Base):
 
     def tokenize(self, prompt: str, *, add_special_tokens: bool = True) -> dict[str, Any]:
         body = {"prompt": prompt, "add_special_tokens": add_special_tokens}
-        return self._json(self._request("POST", "/tokenize", json=body), "/tokenize")
+        return self._json_object(self._request("POST", "/tokenize", json=body), "/tokenize")
 
 
 class AsyncSGLangClient(_Base):
@@ -331,7 +335,7 @@ class AsyncSGLangClient(_Base):
         except httpx.HTTPError as exc:
             raise self._map_transport(exc) from exc
 
-    async def _stream_lines(self, path: str, body: dict | bytes, timeout: float | None) -> AsyncIterator[str]:
+    async def _stream_lines(self, path: str, body: dict[str, Any] | bytes, timeout: float | None) -> AsyncIterator[str]:
         kwargs: dict[str, Any] = {"content": body, "headers": _JSON} if isinstance(body, bytes) else {"json": body}
         if timeout is not None:
             kwargs["timeout"] = _timeout(timeout)
@@ -447,7 +451,7 @@ class AsyncSGLangClient(_Base):
             response = await self._request("GET", path)
             if response.status_code != 404:
                 self._info_paths[name] = path
-        return self._json(response, path)
+        return self._json_object(response, path)
 
     async def server_info(self) -> dict[str, Any]:
         """``/server_info`` (``/get_server_info`` on SGLang before 0.5.6)."""
@@ -458,7 +462,7 @@ class AsyncSGLangClient(_Base):
         return await self._info("model_info")
 
     async def models(self) -> dict[str, Any]:
-        return self._json(await self._request("GET", "/v1/models"), "/v1/models")
+        return self._json_object(await self._request("GET", "/v1/models"), "/v1/models")
 
     async def metrics(self) -> dict[str, float]:
         response = await self._request("GET", "/metrics")
@@ -470,7 +474,7 @@ class AsyncSGLangClient(_Base):
 
     async def tokenize(self, prompt: str, *, add_special_tokens: bool = True) -> dict[str, Any]:
         body = {"prompt": prompt, "add_special_tokens": add_special_tokens}
-        return self._json(await self._request("POST", "/tokenize", json=body), "/tokenize")
+        return self._json_object(await self._request("POST", "/tokenize", json=body), "/tokenize")
 
 
 __all__ = ["SGLangClient", "AsyncSGLangClient", "normalize_worker_url", "DEFAULT_TIMEOUT"]

@@ -28,7 +28,7 @@ import heapq
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from agent_cache.bench.policies import Dispatch, RoutingPolicy
 from agent_cache.bench.workloads import CallSpec, SessionSpec
@@ -44,6 +44,8 @@ from agent_cache.sim.scheduler import (
 )
 
 _ARRIVE, _PASS_DONE = 0, 1
+# (time, seq, kind, payload): the payload is a _Sess (_ARRIVE) or (worker index, Iteration) (_PASS_DONE)
+_Event = tuple[float, int, int, Any]
 _ORACLE_TOKENS = 1 << 50
 
 
@@ -155,7 +157,7 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
     busy = [False] * cfg.workers
     fleet = _Fleet(models)
     res = RunResult(policy.name, sessions=len(sessions))
-    heap: list = []
+    heap: list[_Event] = []
     seq = 0
     for s in sessions:
         st = _Sess(s)
@@ -191,7 +193,7 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
         while heap:
             now, _, kind, obj = heapq.heappop(heap)
             if kind == _ARRIVE:
-                st: _Sess = obj
+                st = obj
                 call = st.next
                 assert call is not None
                 dispatch = Dispatch(st.spec.session_id, st.spec.tenant,

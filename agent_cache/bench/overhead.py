@@ -197,10 +197,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "--api-keys", keys, "--extra-fields", "sim_output", *args.gateway_args.split()])
             stack.callback(ours.stop)
             gateways[GATEWAY_PATH] = ours.urls[0]
-            for name in SMG_PATHS if smg else ():
-                group = SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls)
-                stack.callback(group.stop)
-                gateways[name] = group.urls[0]
+            if smg:
+                for name in SMG_PATHS:
+                    group = SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls)
+                    stack.callback(group.stop)
+                    gateways[name] = group.urls[0]
             results = asyncio.run(_run(workers.urls[0], redis_url, gateways, sessions, args.calls, args.seed, log))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

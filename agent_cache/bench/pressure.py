@@ -24,6 +24,7 @@ from typing import Any, Callable
 from agent_cache.bench import report
 from agent_cache.bench.fleetsim import FleetConfig, RunResult, simulate
 from agent_cache.bench.policies import make_policies
+from agent_cache.bench.workloads import SessionSpec
 
 POLICIES = ("least-load", "consistent-hash", "agent-cache", "oracle")
 MULTIPLES = (1.0, 1.5, 3.0)
@@ -41,8 +42,8 @@ def _row(r: RunResult) -> dict[str, Any]:
     return {k: m[k] for k in keep}
 
 
-def slo_search(run_at: Callable[[float], dict[str, Any]], start: float, slo: float,
-               doublings: int = MAX_DOUBLINGS, bisections: int = BISECTIONS) -> tuple[dict[float, dict], dict]:
+def slo_search(run_at: Callable[[float], dict[str, Any]], start: float, slo: float, doublings: int = MAX_DOUBLINGS,
+               bisections: int = BISECTIONS) -> tuple[dict[float, dict[str, Any]], dict[str, Any]]:
     """The highest offered load whose p99 TTFT meets ``slo``: double from ``start`` until it fails, then
     bisect geometrically. Returns every run by rate, and ``rate`` (None: even ``start`` failed), its
     ``sessions_per_s``, and ``bounded`` (False: it never failed, so the rate is a lower bound)."""
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace, workers: int, log: Callable[[str], None],
         preset = Preset(workers=workers, sessions=n, rate=rate)
         ns = argparse.Namespace(**{**vars(args), "trace": trace})
 
-        def build(r: float) -> list:
+        def build(r: float) -> list[SessionSpec]:
             return _workload(ns, preset, n, r, kind=kind)  # kind is ignored for the trace
 
         sessions = build(rate)

@@ -47,7 +47,7 @@ from agent_cache.bench.realfleet import (
     start_redis,
     write_gateway_keys,
 )
-from agent_cache.bench.realload import REAL_POLICIES, Job, ReplicaResult, Replicas
+from agent_cache.bench.realload import REAL_POLICIES, CallRecord, Job, ReplicaResult, Replicas
 from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate, load_trace
 from agent_cache.errors import ConfigError
 from agent_cache.sim.engine import WorkerOptions
@@ -145,11 +145,12 @@ def _workload(args: argparse.Namespace, preset: RealPreset) -> list[SessionSpec]
 # --- metrics -------------------------------------------------------------------------
 
 
-def _imbalance(calls: Sequence[tuple], workers: Sequence[str]) -> float:
+def _imbalance(calls: Sequence[CallRecord], workers: Sequence[str]) -> float:
     """Max / mean in-flight calls over the workers, averaged over call starts."""
     events = sorted([(c[3], 1, c[2]) for c in calls] + [(c[5], -1, c[2]) for c in calls], key=lambda e: (e[0], e[1]))
     load = {w: 0 for w in workers}
-    total = acc = samples = 0
+    total = samples = 0
+    acc = 0.0
     for _, d, w in events:
         load[w] = load.get(w, 0) + d
         total += d
@@ -267,6 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             workers.flush()
             gateway: SmgGateways | AgentCacheGateways | None = None
             if name in SMG_POLICIES:
+                assert smg is not None  # check() and _names() admit smg-* policies only when smg is installed
                 gateway = SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls, SMG_TUNING.get(name, ()),
                                       count=gateways)
             elif name == GATEWAY_POLICY:  # as the agent-cache policy routes: templatize, the run's Redis

@@ -37,7 +37,7 @@ import multiprocessing.connection
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import httpx
 
@@ -112,8 +112,8 @@ class ChatClient:
         limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), limits=limits)
 
-    async def send(self, base: str, messages: Sequence[dict], tools: Sequence[dict] | None, chat: ChatCall,
-                   extra_key: str | None = None, headers: dict[str, str] | None = None) -> _Reply:
+    async def send(self, base: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+                   chat: ChatCall, extra_key: str | None = None, headers: dict[str, str] | None = None) -> _Reply:
         body = build_chat_body(list(messages), model=MODEL, stream=True, include_usage=True, url=base,
                                tools=list(tools) if tools else None, max_tokens=chat.output_tokens,
                                extra_key=extra_key, extra_body={"sim_output": chat.output})

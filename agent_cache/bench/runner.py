@@ -268,7 +268,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             ys = {n: [] for n in sweep_names}
             for x in values:
-                for r in _run_all(small, sweep_names, dataclasses.replace(cfg, **{label: x}), args.seed, log,
+                changes: dict[str, Any] = {label: x}  # label names a FleetConfig field (workers, replicas)
+                for r in _run_all(small, sweep_names, dataclasses.replace(cfg, **changes), args.seed, log,
                                   f"{label}={x} ", progress=False, redis_url=args.redis):
                     ys[r.policy].append(_hit(r))
             doc[key] = {"x_label": label, "x": list(values), "y": ys, "sessions": len(small),

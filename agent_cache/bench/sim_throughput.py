@@ -29,10 +29,10 @@ _SYSTEM = "You are an agent that answers multi-hop questions with tools. " * 280
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
-async def _session(client: AsyncSGLangClient, sid: int, calls: int, stats: dict) -> None:
+async def _session(client: AsyncSGLangClient, sid: int, calls: int, stats: dict[str, float]) -> None:
     history = [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": f"Question {sid}?"}]
     for step in range(calls):
         result = await client.chat(history, max_tokens=24)
@@ -44,8 +44,8 @@ async def _session(client: AsyncSGLangClient, sid: int, calls: int, stats: dict)
                              {"role": "user", "content": f"Observation {step}: a short tool result."}]
 
 
-async def _drive(url: str, requests: int, concurrency: int, calls_per_session: int) -> dict:
-    stats = {"requests": 0, "prompt": 0, "cached": 0}
+async def _drive(url: str, requests: int, concurrency: int, calls_per_session: int) -> dict[str, float]:
+    stats: dict[str, float] = {"requests": 0, "prompt": 0, "cached": 0}
     sessions = max(1, requests // calls_per_session)
     queue: asyncio.Queue[int] = asyncio.Queue()
     for sid in range(sessions):

@@ -19,9 +19,10 @@ import signal
 import statistics
 import sys
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from langchain_core.messages import HumanMessage, SystemMessage
+from pydantic import SecretStr
 
 from agent_cache import ChatSGLang
 from agent_cache.bench.realfleet import Processes, start_redis
@@ -40,7 +41,7 @@ def _sync(model: ChatSGLang, tag: str, calls: int) -> list[float]:
     return out
 
 
-async def _async_stall(model: ChatSGLang, freeze, calls: int) -> float:
+async def _async_stall(model: ChatSGLang, freeze: Callable[[], None], calls: int) -> float:
     await model.ainvoke([SystemMessage(SYSTEM), HumanMessage("warm up")], session_id="warm")
     gaps: list[float] = []
     stop = asyncio.Event()
@@ -76,8 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         redis_proc = procs._procs[-1].popen  # noqa: SLF001 - the redis-server just started
 
         def model() -> ChatSGLang:
-            return ChatSGLang(model="sim", workers=fleet.urls, redis_url=url, max_tokens=4, templates="templatize",
-                              health_probe_interval=None)
+            return ChatSGLang(model="sim", workers=fleet.urls, redis_url=SecretStr(url), max_tokens=4,
+                              templates="templatize", health_probe_interval=None)
 
         sync_model = model()
         up = _sync(sync_model, "up", args.calls)

@@ -10,6 +10,7 @@ import random
 import statistics
 import time
 import uuid
+from typing import Any
 
 from agent_cache.templates import TemplateMode, Templater
 from agent_cache.templates.explain import render_chat
@@ -20,7 +21,7 @@ _WORDS = ("agent tool search answer question context document retrieve reason st
           "plan verify source cite user policy format output result error retry").split()
 
 
-def _tools(n: int, rng: random.Random) -> list[dict]:
+def _tools(n: int, rng: random.Random) -> list[dict[str, Any]]:
     out = []
     for i in range(n):
         out.append({"type": "function", "function": {
@@ -32,7 +33,7 @@ def _tools(n: int, rng: random.Random) -> list[dict]:
     return out
 
 
-def _shuffle(obj, rng):
+def _shuffle(obj: Any, rng: random.Random) -> Any:
     if isinstance(obj, dict):
         items = list(obj.items())
         rng.shuffle(items)
@@ -51,7 +52,8 @@ def _body(tokens: int, rng: random.Random) -> str:
     return "\n".join(lines)
 
 
-def _session(i: int, body: str, tools: list[dict], rng: random.Random) -> tuple[list[dict], list[dict], str]:
+def _session(i: int, body: str, tools: list[dict[str, Any]],
+             rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
     ts = time.strftime("%Y-%m-%d %H:%M", time.gmtime(1_764_684_000 + 37 * i))
     name = rng.choice(["Alice", "Bob", "Chen", "Dana", "Emeka", "Farah"]) + f" {rng.choice('KLMNOP')}."
     msgs = [{"role": "system", "content": f"Current time: {ts} UTC\nYou are helping {name}\n"

@@ -41,9 +41,9 @@ import hashlib
 import math
 import random
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field
 from functools import lru_cache
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
 
 from agent_cache.errors import ConfigError
 from agent_cache.sim.chat_template import IM_END, IM_START, encode_text, render_ids, tools_text
@@ -69,8 +69,8 @@ def _segment(role: str, ids: Sequence[int]) -> list[int]:
 class ChatCall:
     """The chat form of a call: what a client without templates sends, and what the model answers."""
 
-    messages: tuple[dict, ...]  # OpenAI chat messages (shared between calls: do not mutate)
-    tools: tuple[dict, ...] | None
+    messages: tuple[dict[str, Any], ...]  # OpenAI chat messages (shared between calls: do not mutate)
+    tools: tuple[dict[str, Any], ...] | None
     output: str  # the completion the simulated worker is asked to produce (its ``sim_output``)
     output_tokens: int  # max_tokens for the call
 
@@ -96,6 +96,9 @@ class SessionSpec:
     session_id: str
     tenant: str
     arrival_s: float
+
+    if TYPE_CHECKING:  # every concrete spec is a dataclass: dataclasses.replace() takes it
+        __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
 
     def start(self, chat: bool = False) -> Iterator[CallSpec]:  # pragma: no cover - interface
         """The calls, in order; with ``chat``, each also carries its :class:`ChatCall`."""
@@ -191,7 +194,7 @@ class _Family:
     name: str
     tenant: str
     text: str
-    tools: tuple[dict, ...]
+    tools: tuple[dict[str, Any], ...]
     body_ids: tuple[int, ...]  # system text after the volatile header, plus the tools block
 
 
@@ -273,9 +276,9 @@ class _GenSession(SessionSpec):
     kind: str
     seed: int
     params: WorkloadParams = field(repr=False)
-    heads: tuple = field(repr=False)  # per family: its _Head
+    heads: tuple[_Head, ...] = field(repr=False)  # per family: its _Head
     header: str = field(default="", repr=False)  # the session's volatile system-prompt header
-    families: tuple = field(default=(), repr=False)  # the _Family of each head
+    families: tuple[_Family, ...] = field(default=(), repr=False)  # the _Family of each head
 
     def start(self, chat: bool = False) -> Iterator[CallSpec]:
         rng = random.Random(self.seed)
@@ -288,7 +291,7 @@ class _GenSession(SessionSpec):
         else:
             yield from self._reflexion(rng, p, question, chat)
 
-    def _chat_head(self, i: int, chat: bool) -> tuple[str, tuple[dict, ...]] | None:
+    def _chat_head(self, i: int, chat: bool) -> tuple[str, tuple[dict[str, Any], ...]] | None:
         if not chat:
             return None
         fam = self.families[i]
@@ -299,9 +302,9 @@ class _GenSession(SessionSpec):
         off = rng.randrange(len(_POOL) - n)
         return _POOL[off:off + n]
 
-    def _react(self, rng: random.Random, p: WorkloadParams, head: tuple, question: list[int],
+    def _react(self, rng: random.Random, p: WorkloadParams, head: _Head, question: list[int],
                reflections: list[list[int]], first: bool, trajectory: list[int] | None = None,
-               chat: tuple[str, tuple[dict, ...]] | None = None) -> Iterator[CallSpec]:
+               chat: tuple[str, tuple[dict[str, Any], ...]] | None = None) -> Iterator[CallSpec]:
         user = list(question)
         for r in reflections:
             user += r
@@ -325,7 +328,7 @@ class _GenSession(SessionSpec):
                 trajectory += out + obs
 
     def _coding(self, rng: random.Random, p: WorkloadParams,
-                chat: tuple[str, tuple[dict, ...]] | None) -> Iterator[CallSpec]:
+                chat: tuple[str, tuple[dict[str, Any], ...]] | None) -> Iterator[CallSpec]:
         head = self.heads[0]
         task = rng.choices(_VOCAB, k=p.task_tokens)
         body = _segment("user", task)
@@ -371,7 +374,8 @@ class _GenSession(SessionSpec):
 
 
 def _log_uniform(rng: random.Random, low: float, high: float) -> float:
-    return low * (high / low) ** rng.random()
+    scale: float = (high / low) ** rng.random()  # a positive base: a float, not complex
+    return low * scale
 
 
 def _poisson(rng: random.Random, lam: float) -> int:
@@ -450,9 +454,9 @@ def _iso(ts: int) -> str:
 
 @dataclass(frozen=True)
 class _TraceCall:
-    raw: array
-    tmpl: array | None  # None: the same ids as raw
-    output: array
+    raw: array[int]
+    tmpl: array[int] | None  # None: the same ids as raw
+    output: array[int]
     n_out: int
     raw_template: str
     tmpl_template: str
@@ -506,10 +510,10 @@ def load_trace(path: str, *, sessions: int | None = None, rate: float | None = N
         raise ConfigError("rate", f"must be positive, got {rate}")
     if speedup <= 0:
         raise ConfigError("speedup", f"must be positive, got {speedup}")
-    from agent_cache.traces import iter_trace
+    from agent_cache.traces import TraceCall, iter_trace
 
     off, tm = Templater("off"), Templater("templatize")
-    by_session: dict[str, list] = {}
+    by_session: dict[str, list[TraceCall]] = {}
     for call in iter_trace(path):
         if call.session_id not in by_session:
             if sessions is not None and len(by_session) >= sessions:
@@ -530,8 +534,9 @@ def load_trace(path: str, *, sessions: int | None = None, rate: float | None = N
             tmpl = render_ids(n_tm.messages, n_tm.tools)
             out_ids = encode_text(c.output)
             gap = None
-            if k > 0 and c.t is not None and calls[k - 1].t is not None:
-                gap = max(0.0, c.t - calls[k - 1].t) / speedup
+            prev_t = calls[k - 1].t if k > 0 else None
+            if c.t is not None and prev_t is not None:
+                gap = max(0.0, c.t - prev_t) / speedup
             n_out = c.output_tokens if c.output_tokens is not None else max(1, len(out_ids))
             cc = ChatCall(tuple(c.messages), None, c.output, len(out_ids) or 1) if chat else None
             specs.append(_TraceCall(array("I", raw), None if tmpl == raw else array("I", tmpl), array("I", out_ids),

@@ -9,13 +9,12 @@ import time
 import weakref
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Literal, Sequence
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Callable, Iterator, Literal, Sequence, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import LanguageModelInput
+from langchain_core.language_models import LangSmithParams, LanguageModelInput, LanguageModelOutput
 from langchain_core.language_models.chat_models import (
     BaseChatModel,
-    LangSmithParams,
     agenerate_from_stream,
     generate_from_stream,
 )
@@ -26,7 +25,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from langchain_core.utils.pydantic import is_basemodel_subclass
+from langchain_core.utils.pydantic import TypeBaseModel, is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
 
 from agent_cache import environment
@@ -124,7 +123,8 @@ class ChatSGLang(BaseChatModel):
     _registry: TemplateRegistry = PrivateAttr()
     _trace: TraceWriter | None = PrivateAttr(default=None)
     _clients: dict[str, SGLangClient] = PrivateAttr(default_factory=dict)
-    _aclients: weakref.WeakKeyDictionary = PrivateAttr(default_factory=weakref.WeakKeyDictionary)
+    _aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncSGLangClient]] = PrivateAttr(
+        default_factory=weakref.WeakKeyDictionary)
 
     if not TYPE_CHECKING:  # type checkers see pydantic's typed constructor, one keyword per field
 
@@ -399,7 +399,8 @@ class ChatSGLang(BaseChatModel):
         return _Call(session_id, model, prompt.messages, request, prompt, params, include_usage, raw_messages,
                      raw_tools)
 
-    def _metadata(self, call: _Call, placement: Placement, model: str, finish: str | None, cached: int | None) -> dict:
+    def _metadata(self, call: _Call, placement: Placement, model: str, finish: str | None,
+                  cached: int | None) -> dict[str, Any]:
         return {
             "model_name": model or call.model,
             "model_provider": "sglang",
@@ -493,7 +494,7 @@ class ChatSGLang(BaseChatModel):
         return None
 
     @staticmethod
-    def _attempt_chunk(out: ChatGenerationChunk, attempt: Attempt, chunks: list, run_manager: Any,
+    def _attempt_chunk(out: ChatGenerationChunk, attempt: Attempt, chunks: list[ChatGenerationChunk], run_manager: Any,
                        live: bool) -> bool:
         """Note one chunk of an attempt; True if it goes to the caller now (``live``)."""
         if live:
@@ -525,7 +526,7 @@ class ChatSGLang(BaseChatModel):
 
     async def _astream_attempt(self, call: _Call, attempt: Attempt,
                                run_manager: AsyncCallbackManagerForLLMRun | None,
-                               live: bool) -> AsyncIterator[ChatGenerationChunk]:
+                               live: bool) -> AsyncGenerator[ChatGenerationChunk, None]:
         """Async :meth:`_stream_attempt`."""
         state: dict[str, Any] = {}
         chunks: list[ChatGenerationChunk] = []
@@ -576,9 +577,9 @@ class ChatSGLang(BaseChatModel):
 
     def bind_tools(
         self,
-        tools: Sequence[dict[str, Any] | type | Callable | BaseTool],
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
         *,
-        tool_choice: str | bool | dict | None = None,
+        tool_choice: str | bool | dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """Offer tools; ``tool_choice`` is "auto", "none", "any"/"required"/True, a tool name or an OpenAI dict."""
@@ -589,7 +590,7 @@ class ChatSGLang(BaseChatModel):
 
     def with_structured_output(
         self,
-        schema: dict | type | None = None,
+        schema: dict[str, Any] | type | None = None,
         *,
         method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
         include_raw: bool = False,
@@ -599,11 +600,14 @@ class ChatSGLang(BaseChatModel):
         """Structured output; ``json_schema`` (default) constrains decoding with SGLang's grammar backend."""
         if kwargs:
             raise ConfigError("with_structured_output", f"unexpected arguments {sorted(kwargs)}")
-        pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        # a pydantic model class (v2 or v1): is_basemodel_subclass checks that but is no TypeGuard
+        model = cast(TypeBaseModel, schema) if isinstance(schema, type) and is_basemodel_subclass(schema) else None
+        llm: Runnable[LanguageModelInput, AIMessage]
+        parser: Runnable[LanguageModelOutput, Any]
         if method == "json_mode":
             llm = self.bind(response_format={"type": "json_object"}, ls_structured_output_format={
                 "kwargs": {"method": method}, "schema": schema})
-            parser: Runnable = PydanticOutputParser(pydantic_object=schema) if pydantic else JsonOutputParser()
+            parser = PydanticOutputParser(pydantic_object=model) if model is not None else JsonOutputParser()
         else:
             if schema is None:
                 raise ConfigError("schema", f"method {method!r} needs a schema")
@@ -613,8 +617,8 @@ class ChatSGLang(BaseChatModel):
             if method == "function_calling":
                 llm = self.bind_tools([tool], tool_choice=fn["name"], ls_structured_output_format=ls_format)
                 parser = (
-                    PydanticToolsParser(tools=[schema], first_tool_only=True)
-                    if pydantic
+                    PydanticToolsParser(tools=[model], first_tool_only=True)
+                    if model is not None
                     else JsonOutputKeyToolsParser(key_name=fn["name"], first_tool_only=True)
                 )
             elif method == "json_schema":
@@ -625,7 +629,7 @@ class ChatSGLang(BaseChatModel):
                     response_format={"type": "json_schema", "json_schema": spec},
                     ls_structured_output_format=ls_format,
                 )
-                parser = PydanticOutputParser(pydantic_object=schema) if pydantic else JsonOutputParser()
+                parser = PydanticOutputParser(pydantic_object=model) if model is not None else JsonOutputParser()
             else:
                 raise ConfigError("method", f"expected json_schema, function_calling or json_mode, got {method!r}")
         if not include_raw:
@@ -635,7 +639,7 @@ class ChatSGLang(BaseChatModel):
         return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
 
 
-def _tool_choice(choice: str | bool | dict, tools: list[dict[str, Any]]) -> str | dict:
+def _tool_choice(choice: str | bool | dict[str, Any], tools: list[dict[str, Any]]) -> str | dict[str, Any]:
     if isinstance(choice, dict):
         return choice
     if choice is True or choice in ("any", "required"):

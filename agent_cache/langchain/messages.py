@@ -13,7 +13,9 @@ from langchain_core.messages import (
     FunctionMessage,
     HumanMessage,
     SystemMessage,
+    ToolCall,
     ToolMessage,
+    UsageMetadata,
 )
 from langchain_core.messages.tool import tool_call_chunk
 
@@ -46,7 +48,7 @@ def _text(content: Any) -> str:
     return "".join(p["text"] for p in value if p["type"] == "text")
 
 
-def _tool_call_dict(call: dict[str, Any]) -> dict[str, Any]:
+def _tool_call_dict(call: ToolCall) -> dict[str, Any]:
     return {
         "id": call.get("id") or "",
         "type": "function",
@@ -91,7 +93,7 @@ def to_openai_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def usage_metadata(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+def usage_metadata(prompt: int, completion: int, cached: int) -> UsageMetadata:
     return {
         "input_tokens": prompt,
         "output_tokens": completion,

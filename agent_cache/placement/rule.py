@@ -147,7 +147,7 @@ def choose_worker(snapshot: Snapshot, session_id: str, policy: Policy = Policy()
     candidates = [w for w in snapshot.workers if w.state == UP and (pin is None or w.url != pin.worker)]
     if not candidates:
         return Decision(None, "none", pin.epoch if pin else 0)
-    if reason == "evicted":  # only where it fits: another full worker would evict it again
+    if reason == "evicted" and pin is not None:  # only where it fits: another full worker would evict it again
         candidates = [w for w in candidates if w.kv_tokens + pin.held <= w.capacity]
     g = expected_footprint(snapshot.workers, max(snapshot.template_tokens, pin.held if pin else 0))
     chosen = _cheapest(session_id, candidates, snapshot, g)

@@ -18,7 +18,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Generator, Iterator, Sequence, TypeVar, Union
+from typing import (
+    TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator, Sequence, TypeVar,
+    Union,
+)
 
 from agent_cache.backends.protocol import Usage
 from agent_cache.errors import BackendError, NoHealthyWorkerError
@@ -181,7 +184,7 @@ class CallLifecycle:
             else:
                 time.sleep(step.seconds)
 
-    async def astream(self, sender: Callable[[Attempt], AsyncIterator[Y]]) -> AsyncIterator[Y]:
+    async def astream(self, sender: Callable[[Attempt], AsyncGenerator[Y, None]]) -> AsyncIterator[Y]:
         """Async :meth:`stream`."""
         reply: Any = None
         error: BaseException | None = None
@@ -222,7 +225,7 @@ class CallLifecycle:
     async def arun(self, call: Callable[["Placement"], Awaitable[tuple[T, Usage | None]]]) -> tuple[T, "Placement"]:
         """Async :meth:`run`."""
 
-        async def sender(attempt: Attempt) -> AsyncIterator[None]:
+        async def sender(attempt: Attempt) -> AsyncGenerator[None, None]:
             attempt.value, attempt.usage = await call(attempt.placement)
             return
             yield  # an async generator that yields nothing

@@ -18,7 +18,8 @@ from typing import Sequence
 
 from agent_cache.sim.chat_template import decode, encode_text
 from agent_cache.sim.latency import DEFAULT_LATENCY, LatencyModel
-from agent_cache.sim.scheduler import DONE, FIRST_TOKEN, SchedulerConfig, SimRequest, WorkerModel
+from agent_cache.sim.radix import RadixCache
+from agent_cache.sim.scheduler import DONE, FIRST_TOKEN, Counters, SchedulerConfig, SimRequest, WorkerModel
 from agent_cache.sim.versions import LATEST_VERSION, SGLangVersion
 
 # sglang/srt/metrics/collector.py: the default TTFT histogram buckets
@@ -119,16 +120,16 @@ class Engine:
         self.created = int(time.time())
         self._vtime = 0.0  # the model's clock when time_scale is 0
         self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     # --- state the HTTP layer reports ------------------------------------------
 
     @property
-    def cache(self):  # noqa: ANN201 - the RadixCache
+    def cache(self) -> RadixCache:
         return self.model.cache
 
     @property
-    def counters(self):  # noqa: ANN201 - scheduler.Counters
+    def counters(self) -> Counters:
         return self.model.counters
 
     @property

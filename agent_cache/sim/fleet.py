@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import uvicorn
 
-from agent_cache.sim.engine import WorkerOptions
+from agent_cache.sim.engine import Engine, WorkerOptions
 from agent_cache.sim.server import SimServer
 
 
@@ -107,7 +107,7 @@ class SimFleet:
     def urls(self) -> list[str]:
         return [w.url for w in self.workers]
 
-    def engine(self, i: int):  # -> Engine, for tests that read the cache directly
+    def engine(self, i: int) -> Engine:  # for tests that read the cache directly
         sim = self.workers[i].sim
         assert sim is not None, "worker not running"
         return sim.engine

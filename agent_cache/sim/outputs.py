@@ -40,7 +40,7 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 @dataclass(frozen=True)
 class PlannedOutput:
     text: str
-    tool_calls: list[dict]  # OpenAI shape: {"id", "type": "function", "function": {"name", "arguments"}}
+    tool_calls: list[dict[str, Any]]  # OpenAI shape: {"id", "type": "function", "function": {"name", "arguments"}}
 
 
 def _digest(*parts: Any) -> bytes:

@@ -27,13 +27,16 @@ from typing import Sequence
 
 EVICTION_POLICIES = ("lru", "lfu")
 
+# a child's key: (extra_key, the first page of its token ids)
+_ChildKey = tuple[str | None, tuple[int, ...]]
+
 
 @dataclass(eq=False)
 class _Node:
     key: list[int]
     parent: "_Node | None"
     extra_key: str | None = None
-    children: dict = field(default_factory=dict)
+    children: dict[_ChildKey, _Node] = field(default_factory=dict)
     lock_ref: int = 0
     last_access: float = 0.0
     hit_count: int = 0
@@ -79,7 +82,7 @@ class RadixCache:
 
     # --- lookup ---------------------------------------------------------------
 
-    def _child_key(self, key: Sequence[int], extra_key: str | None) -> tuple:
+    def _child_key(self, key: Sequence[int], extra_key: str | None) -> _ChildKey:
         return (extra_key, tuple(key[: self.page_size]))
 
     def match_prefix(self, key: Sequence[int], extra_key: str | None = None) -> MatchResult:
@@ -195,7 +198,7 @@ class RadixCache:
                 out.append(node)
         return out
 
-    def _priority(self, node: _Node) -> tuple:
+    def _priority(self, node: _Node) -> tuple[float, ...]:
         if self.eviction_policy == "lfu":
             return (node.hit_count, node.last_access)
         return (node.last_access,)

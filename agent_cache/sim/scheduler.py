@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from agent_cache.sim.latency import DEFAULT_LATENCY, LatencyModel
-from agent_cache.sim.radix import RadixCache
+from agent_cache.sim.radix import RadixCache, _Node
 
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
@@ -118,7 +118,7 @@ class SimRequest:
     _admitted: bool = False
     _aborted: bool = False
     _budget: int = CLIP_MAX_NEW_TOKENS  # max_new_tokens as the worker caps it
-    _node: object = None  # locked radix node
+    _node: _Node | None = None  # locked radix node
     _outside: int = 0  # KV slots held outside the radix tree
 
     @property
@@ -371,7 +371,7 @@ class WorkerModel:
         seconds = self.config.latency.prefill_batch_seconds((n, req.computed) for req, n in chunks)
         return Iteration("prefill", seconds, chunks=chunks)
 
-    def _match(self, req: SimRequest, seq: list[int]) -> tuple[int, object]:
+    def _match(self, req: SimRequest, seq: list[int]) -> tuple[int, _Node | None]:
         if self.config.disable_radix_cache:
             return 0, None
         # SGLang always computes the last prompt token, for its logits

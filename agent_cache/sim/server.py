@@ -59,9 +59,9 @@ def _cache_key(engine: Engine, body: Mapping[str, Any]) -> str | None:
     return "".join(parts) if parts else None
 
 
-def _offered_tools(body: Mapping[str, Any]) -> list | None:
+def _offered_tools(body: Mapping[str, Any]) -> list[Any] | None:
     """The tools the chat template sees (serving_chat._process_messages)."""
-    tools = body.get("tools") or None
+    tools: list[Any] | None = body.get("tools") or None
     choice = body.get("tool_choice")
     if not tools or choice == "none":
         return None
@@ -82,7 +82,7 @@ def _check_response_format(body: Mapping[str, Any]) -> None:
             raise _BadRequest("1 validation error for ChatCompletionRequest\nresponse_format.json_schema.name\n  Field required")
 
 
-def _validate_messages(body: Mapping[str, Any]) -> list[dict]:
+def _validate_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _BadRequest("Field 'messages' is required and must be a non-empty list")
@@ -217,7 +217,7 @@ class SimServer:
         prompt_ids: list[int],
         output_ids: list[int],
         text: str,
-        tool_calls: list[dict],
+        tool_calls: list[dict[str, Any]],
         finish: str,
         matched: str | None,
         key: str | None,
@@ -226,7 +226,7 @@ class SimServer:
     ) -> AsyncIterator[bytes]:
         created = int(time.time())
 
-        def chunk(delta: dict, finish_reason: str | None = None, **extra: Any) -> bytes:
+        def chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> bytes:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason, **extra}
             data = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice], "usage": None}
             return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"

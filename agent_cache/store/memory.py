@@ -372,7 +372,7 @@ class MemoryStore:
                     "prompt_tokens": w.prompt, "cached_tokens": w.cached,
                 }  # fmt: skip
             cutoff = now_ms - to_ms(self.template_window)
-            used_templates = {}
+            used_templates: dict[str, dict[str, Any]] = {}
             in_window = 0
             for (tenant, tid), last in reversed(self._template_use.items()):  # the recent ones: O(live)
                 if last < cutoff or not templates:

@@ -201,8 +201,9 @@ class RedisStore:
             from redis.sentinel import Sentinel
 
             hosts, service, extra = _sentinel_parts(self.url or "")
-            sentinel = Sentinel(hosts, socket_timeout=opts["socket_timeout"])
-            return sentinel.master_for(service, **extra, **opts)
+            # redis-py's synchronous Sentinel is unannotated
+            sentinel = Sentinel(hosts, socket_timeout=opts["socket_timeout"])  # type: ignore[no-untyped-call]
+            return sentinel.master_for(service, **extra, **opts)  # type: ignore[no-untyped-call]
         if self._cluster:
             from redis.cluster import RedisCluster
 
@@ -219,7 +220,8 @@ class RedisStore:
             from redis.asyncio.sentinel import Sentinel
 
             hosts, service, extra = _sentinel_parts(self.url or "")
-            sentinel = Sentinel(hosts, socket_timeout=opts["socket_timeout"])
+            # redis-py's asyncio Sentinel constructor is unannotated
+            sentinel = Sentinel(hosts, socket_timeout=opts["socket_timeout"])  # type: ignore[no-untyped-call]
             return sentinel.master_for(service, **extra, **opts)
         if self._cluster:
             from redis.asyncio.cluster import RedisCluster
@@ -384,7 +386,8 @@ class RedisStore:
             pipe = self._client.pipeline(transaction=False)
             pipe.hgetall(info)
             pipe.pfcount(sessions)
-            return pipe.execute()
+            replies: list[Any] = pipe.execute()  # one reply per queued command
+            return replies
 
         raw, count = self._call(run)
         if not raw:

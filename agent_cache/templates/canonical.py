@@ -81,7 +81,7 @@ def _canon_content(content: Any, field: str, *, rewrite_text: bool) -> Any:
     return parts
 
 
-def _canon_tool_calls(calls: Any, field: str) -> list[dict]:
+def _canon_tool_calls(calls: Any, field: str) -> list[dict[str, Any]]:
     if not isinstance(calls, (list, tuple)):
         raise TemplateError(field, "must be a list")
     out = []
@@ -100,14 +100,14 @@ def _canon_tool_calls(calls: Any, field: str) -> list[dict]:
     return out
 
 
-def _ordered(d: Mapping[str, Any], order: Sequence[str]) -> dict:
+def _ordered(d: Mapping[str, Any], order: Sequence[str]) -> dict[str, Any]:
     out = {k: d[k] for k in order if k in d}
     for k in sorted(k for k in d if k not in out):
         out[k] = d[k]
     return out
 
 
-def canonical_message(msg: Any, index: int) -> dict:
+def canonical_message(msg: Any, index: int) -> dict[str, Any]:
     """One message in canonical form; raises TemplateError naming the field."""
     field = f"messages[{index}]"
     if type(msg) is not dict and not isinstance(msg, Mapping):
@@ -157,7 +157,7 @@ def _sorted_json(value: Any, field: str, _reuse: tuple[Any, Any, Any, Any] | Non
             tc = type(child)
             if tc is str:  # the commonest leaf: what the recursive call would return
                 out[k] = canonical_text(child)
-            elif at_fn and k == "parameters" and child is _reuse[2]:
+            elif at_fn and k == "parameters" and _reuse is not None and child is _reuse[2]:
                 out[k] = _reuse[3]
             elif tc in _JSON_SCALARS:
                 out[k] = child
@@ -185,7 +185,7 @@ def _sorted_json(value: Any, field: str, _reuse: tuple[Any, Any, Any, Any] | Non
 _JSON_SCALARS = frozenset({bool, int, type(None)})
 
 
-def canonical_tool(tool: Any, index: int) -> dict:
+def canonical_tool(tool: Any, index: int) -> dict[str, Any]:
     field = f"tools[{index}]"
     if type(tool) is not dict and not isinstance(tool, Mapping):
         raise TemplateError(field, "a tool must be an object")
@@ -195,16 +195,20 @@ def canonical_tool(tool: Any, index: int) -> dict:
     name = fn.get("name")
     if not isinstance(name, str) or not name.strip():
         raise TemplateError(f"{field}.function.name", "missing or not a non-empty string")
+    # a tool is a mapping, so _sorted_json rebuilds it as a dict
+    out: dict[str, Any]
     if "parameters" not in fn:
-        return _sorted_json(tool, field)
+        out = _sorted_json(tool, field)
+        return out
     # Parameters first, so their errors win (as before); then the rest of the tool,
     # reusing the rebuilt parameters instead of walking them a second time.
     params = fn["parameters"]
     cparams = params if type(params) in _JSON_SCALARS else _sorted_json(params, f"{field}.function.parameters")
-    return _sorted_json(tool, field, (tool, fn, params, cparams))
+    out = _sorted_json(tool, field, (tool, fn, params, cparams))
+    return out
 
 
-def tools_json(tools: Sequence[Mapping] | None) -> str:
+def tools_json(tools: Sequence[Mapping[str, Any]] | None) -> str:
     """Compact JSON of tools, keeping the key order the dicts carry."""
     if not tools:
         return ""
@@ -215,13 +219,13 @@ def tools_json(tools: Sequence[Mapping] | None) -> str:
 
 
 def canonicalize(
-    messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None, *, sort_tools: bool = True
-) -> tuple[list[dict], list[dict] | None]:
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None, *, sort_tools: bool = True
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """Canonical copies of ``messages`` and ``tools`` (inputs are not modified)."""
     if type(messages) is not list and (isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence)):
         raise TemplateError("messages", "must be a list of message objects")
     out = [canonical_message(m, i) for i, m in enumerate(messages)]
-    ctools: list[dict] | None = None
+    ctools: list[dict[str, Any]] | None = None
     if tools is not None:
         if type(tools) is not list and (isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence)):
             raise TemplateError("tools", "must be a list of tool objects")

@@ -191,6 +191,7 @@ def extract_volatile(text: str, variables: Mapping[str, str] | None = None) -> t
     counts: dict[str, int] = {}
     out: list[str] = []
     pos = 0
+    name: str | None
     for start, end, kind in spans:
         value = text[start:end]
         if kind.startswith("var:"):

@@ -12,7 +12,7 @@ import argparse
 import bisect
 import sys
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from agent_cache.errors import TemplateError, TraceFormatError
 from agent_cache.templates.canonical import STABLE_ROLES, canonical_text, canonicalize, content_text, tools_json
@@ -54,7 +54,8 @@ class ExplainReport:
         return out
 
 
-def render_chat(messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None) -> tuple[str, list[tuple[int, int, str]]]:
+def render_chat(messages: Sequence[Mapping[str, Any]],
+                tools: Sequence[Mapping[str, Any]] | None = None) -> tuple[str, list[tuple[int, int, str]]]:
     """Fixed rendering and the (start, end, role) section of each message."""
     head = tools_json(tools)
     parts = [head + "\n"] if head else []
@@ -103,8 +104,9 @@ def _rule(prompt: str, cand: str, d: int, sections: Sequence[tuple[int, int, str
     return "content"
 
 
-def explain_prompts(a_messages: Sequence[Mapping], b_messages: Sequence[Mapping], *,
-                    a_tools: Sequence[Mapping] | None = None, b_tools: Sequence[Mapping] | None = None,
+def explain_prompts(a_messages: Sequence[Mapping[str, Any]], b_messages: Sequence[Mapping[str, Any]], *,
+                    a_tools: Sequence[Mapping[str, Any]] | None = None,
+                    b_tools: Sequence[Mapping[str, Any]] | None = None,
                     variables: Mapping[str, str] | None = None) -> Divergence:
     """How much of prompt ``b`` a cache holding prompt ``a`` would serve, and which rule would fix the rest."""
     a, _ = render_chat(a_messages, a_tools)

@@ -55,7 +55,7 @@ class TemplateRegistry:
         self._clock = clock
         self._seen: OrderedDict[tuple[str, str, str | None], None] = OrderedDict()
         self._dedupe = dedupe
-        self._texts: dict[tuple[str, str], list[dict]] = {}
+        self._texts: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._lock = threading.Lock()
         self._pending: deque[_Record] = deque(maxlen=max_pending)
         remote = getattr(store, "round_trip", True)  # the memory store records for free
@@ -108,6 +108,6 @@ class TemplateRegistry:
     def info(self, tenant: str, template_id: str) -> dict[str, Any] | None:
         return self.store.template_info(tenant, template_id)
 
-    def text(self, tenant: str, template_id: str) -> list[dict] | None:
+    def text(self, tenant: str, template_id: str) -> list[dict[str, Any]] | None:
         """Messages of the first prompt seen with this id (``store_text=True`` only)."""
         return self._texts.get((tenant, template_id))

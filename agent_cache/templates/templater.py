@@ -34,8 +34,8 @@ DEFAULT_MODE = TemplateMode.SYSTEM
 
 @dataclass(frozen=True)
 class NormalizedPrompt:
-    messages: list[dict]  # what is sent to the worker
-    tools: list[dict] | None
+    messages: list[dict[str, Any]]  # what is sent to the worker
+    tools: Sequence[Mapping[str, Any]] | None  # a list: as given (off, system) or canonical dicts
     template_id: str  # tenant-namespaced
     template_tokens: int  # token length of the stable part
     values: dict[str, str] = field(default_factory=dict)  # placeholder -> value (templatize only)
@@ -91,7 +91,7 @@ def token_count(text: str) -> int:
     return total + n
 
 
-def stable_rendering(system_texts: Sequence[tuple[str, str]], tools: Sequence[Mapping] | None) -> str:
+def stable_rendering(system_texts: Sequence[tuple[str, str]], tools: Sequence[Mapping[str, Any]] | None) -> str:
     """The fixed rendering of the stable part: tools JSON first, then ``<|role|>\\ntext\\n``."""
     head = tools_json(tools)
     return (head + "\n" if head else "") + "".join(f"<|{r}|>\n{t}\n" for r, t in system_texts)
@@ -172,8 +172,8 @@ class Templater:
 
     def normalize(
         self,
-        messages: Sequence[Mapping],
-        tools: Sequence[Mapping] | None = None,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
         *,
         session_id: str | None = None,
         variables: Mapping[str, str] | None = None,
@@ -188,6 +188,7 @@ class Templater:
             out = NormalizedPrompt([dict(m) for m in messages], raw_tools, tid, self._token_length(tid, stable), {})
             return self._record(out, session_id)
 
+        ctools: Sequence[Mapping[str, Any]] | None
         if self.mode is TemplateMode.SYSTEM:
             # Only the leading system messages are rewritten (canonical text, volatile values
             # moved out); turns and tools go as given, in the order and whitespace given.
@@ -207,7 +208,7 @@ class Templater:
         vars_ = {**self.variables, **(variables or {})}
         values: dict[str, str] = {}
         templates: list[tuple[str, str]] = []
-        out_msgs: list[dict] = []
+        out_msgs: list[dict[str, Any]] = []
         for i, m in enumerate(msgs[:lead]):
             if not isinstance(m["content"], str):
                 out_msgs.append(m)  # non-text parts: left as they are
@@ -257,7 +258,7 @@ class Templater:
         out = NormalizedPrompt(out_msgs, ctools, tid, self._token_length(tid, stable), values)
         return self._record(out, session_id)
 
-    def _undo_context(self, msgs: list[dict], lead: int) -> tuple[list[dict], int]:
+    def _undo_context(self, msgs: list[dict[str, Any]], lead: int) -> tuple[list[dict[str, Any]], int]:
         """Re-normalising our own output: put the values back so the result is unchanged."""
         values = None
         if self.values_position == "system_suffix_message" and lead >= 2 and isinstance(msgs[lead - 1]["content"], str):
@@ -310,7 +311,7 @@ class Templater:
         return prompt
 
 
-def _leading_stable(msgs: Sequence[Mapping]) -> int:
+def _leading_stable(msgs: Sequence[Mapping[str, Any]]) -> int:
     n = 0
     for m in msgs:
         if m.get("role") not in STABLE_ROLES:
