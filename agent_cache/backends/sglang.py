@@ -37,7 +37,6 @@ from agent_cache.errors import (
 )
 
 DEFAULT_TIMEOUT = 120.0
-_JSON = {"Content-Type": "application/json"}
 
 
 def normalize_worker_url(url: str, field: str = "base_url") -> str:
@@ -335,8 +334,8 @@ class AsyncSGLangClient(_Base):
         except httpx.HTTPError as exc:
             raise self._map_transport(exc) from exc
 
-    async def _stream_lines(self, path: str, body: dict[str, Any] | bytes, timeout: float | None) -> AsyncIterator[str]:
-        kwargs: dict[str, Any] = {"content": body, "headers": _JSON} if isinstance(body, bytes) else {"json": body}
+    async def _stream_lines(self, path: str, body: dict[str, Any], timeout: float | None) -> AsyncIterator[str]:
+        kwargs: dict[str, Any] = {"json": body}
         if timeout is not None:
             kwargs["timeout"] = _timeout(timeout)
         try:
@@ -353,21 +352,6 @@ class AsyncSGLangClient(_Base):
             raise
         except httpx.HTTPError as exc:
             raise self._map_transport(exc) from exc
-
-    # --- a request body passed through as it is (the gateway) ------------------
-
-    async def forward(self, path: str, body: bytes, *, timeout: float | None = None) -> bytes:
-        """``POST`` an encoded JSON body to ``path``; the response body (an error status raises)."""
-        kwargs: dict[str, Any] = {"content": body, "headers": _JSON}
-        if timeout is not None:
-            kwargs["timeout"] = _timeout(timeout)
-        response = await self._request("POST", path, **kwargs)
-        self._check(response)
-        return response.content
-
-    def forward_stream(self, path: str, body: bytes, *, timeout: float | None = None) -> AsyncIterator[str]:
-        """Streamed :meth:`forward`: the response's lines as they arrive (``timeout``: longest wait for the next)."""
-        return self._stream_lines(path, body, timeout)
 
     async def chat(
         self,

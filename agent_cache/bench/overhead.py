@@ -18,7 +18,11 @@ The paths take turns call by call (in rotating order), so machine noise falls
 on all of them alike. Added latency = a path's percentile minus the direct
 path's percentile, for the whole streamed call and for TTFT.
 
-    python -m agent_cache.bench.overhead --calls 400
+With ``--concurrency N`` the run then measures throughput: each path in turn
+serves ``--calls`` calls from N sessions in flight at once, closed-loop;
+calls per second and the ratio to the direct path are reported.
+
+    python -m agent_cache.bench.overhead --calls 400 [--no-stream] [--concurrency 32]
 """
 
 from __future__ import annotations
@@ -115,6 +119,39 @@ async def measure(paths: dict[str, Any], sessions: Sequence[SessionSpec], calls:
     return out
 
 
+async def throughput(paths: dict[str, Any], sessions: Sequence[SessionSpec], calls: int, concurrency: int,
+                     log: Callable[[str], None]) -> dict[str, float]:
+    """Calls per second of each path, in turn, with ``concurrency`` sessions in flight (closed loop)."""
+    out: dict[str, float] = {}
+    for name, path in paths.items():
+        queue = list(sessions)
+        done = 0
+
+        async def lane(lane_id: int) -> None:
+            nonlocal done
+            while queue and done < calls:
+                spec = dataclasses.replace(queue.pop(), session_id=f"tp-{name}-{lane_id}-{uuid.uuid4().hex[:8]}")
+                for call in spec.start(chat=True):
+                    if done >= calls:
+                        break
+                    await path.call(spec, call)
+                    done += 1
+                path.session_done(spec.session_id)
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(lane(i) for i in range(concurrency)))
+        out[name] = done / (time.monotonic() - t0)
+        log(f"{name}: {out[name]:.0f} calls/s with {concurrency} in flight")
+    return out
+
+
+def throughput_table(rates: dict[str, float], concurrency: int) -> str:
+    lines = [f"| path | calls/s ({concurrency} in flight) | vs direct |", "|---|---:|---:|"]
+    for name, rate in rates.items():
+        lines.append(f"| {name} | {rate:.0f} | {rate / rates[DIRECT]:.2f} |")
+    return "\n".join(lines)
+
+
 def table(results: dict[str, dict[str, float]]) -> str:
     """Markdown: per path, TTFT and whole-call percentiles and what each adds over the direct path, in ms."""
     lines = ["| path | TTFT p50 | TTFT p99 | call p50 | call p99 | added TTFT p50 | added TTFT p99 "
@@ -133,8 +170,9 @@ def _sessions(calls: int, seed: int) -> list[SessionSpec]:
 
 
 async def _run(worker: str, redis_url: str, gateways: dict[str, str], sessions: Sequence[SessionSpec], calls: int,
-               seed: int, log: Callable[[str], None]) -> dict[str, dict[str, float]]:
-    client = ChatClient(timeout=60.0)
+               seed: int, log: Callable[[str], None], stream: bool = True,
+               concurrency: int = 0) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    client = ChatClient(timeout=60.0, stream=stream)
     prefix = f"agent-cache-overhead-{uuid.uuid4().hex[:8]}"
     paths: dict[str, Any] = {DIRECT: _Direct(worker, client)}
     paths["agent-cache (memory)"] = call_path(Job("agent-cache", (), [worker], 0.0, seed=seed), client)
@@ -143,7 +181,9 @@ async def _run(worker: str, redis_url: str, gateways: dict[str, str], sessions: 
     for name, url in gateways.items():
         paths[name] = call_path(Job(name, (), [worker], 0.0, seed=seed, gateways=(url,)), client)
     try:
-        return await measure(paths, sessions, calls, log)
+        latency = await measure(paths, sessions, calls, log)
+        rates = await throughput(paths, sessions, calls, concurrency, log) if concurrency > 0 else {}
+        return latency, rates
     finally:
         for path in paths.values():
             await path.aclose()
@@ -163,6 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--redis", metavar="URL", help="Redis for the agent-cache (Redis) path (default: a private "
                    "redis-server); the run's keys are deleted at the end")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-stream", action="store_true",
+                   help="non-streamed calls (TTFT is then the whole call)")
+    p.add_argument("--concurrency", type=int, default=0, metavar="N",
+                   help="then measure throughput with N calls in flight per path (default 0: skip)")
     p.add_argument("--gateway-args", default="", metavar="ARGS",
                    help="extra flags for agent-cache serve, e.g. '--http h11 --loop asyncio'")
     p.add_argument("--out", metavar="FILE", help="also write the results as JSON")
@@ -173,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.calls < 10:
             raise ConfigError("--calls", f"at least 10 calls per path, got {args.calls}")
+        if args.concurrency < 0:
+            raise ConfigError("--concurrency", f"must be >= 0, got {args.concurrency}")
         if args.redis is not None:
             from agent_cache.bench.realengine import check_redis
 
@@ -202,7 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     group = SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls)
                     stack.callback(group.stop)
                     gateways[name] = group.urls[0]
-            results = asyncio.run(_run(workers.urls[0], redis_url, gateways, sessions, args.calls, args.seed, log))
+            results, rates = asyncio.run(_run(workers.urls[0], redis_url, gateways, sessions, args.calls, args.seed,
+                                              log, stream=not args.no_stream, concurrency=args.concurrency))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -210,9 +257,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(table(results))
+    if rates:
+        print("\n" + throughput_table(rates, args.concurrency))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"calls_per_path": args.calls, "paths": results}, f, indent=2)
+            json.dump({"calls_per_path": args.calls, "streamed": not args.no_stream, "paths": results,
+                       "concurrency": args.concurrency, "calls_per_s": rates}, f, indent=2)
     return 0
 
 

@@ -334,8 +334,11 @@ class AgentCacheGateways:
                         "--port", str(port), *store, *args]
                 self.procs.append(procs.start(f"agent-cache-serve-{i}", argv))
             for url, proc in zip(self.urls, self.procs):
-                wait_until(lambda url=url: httpx.get(url + "/health", timeout=2.0).status_code == 200, [proc],
-                           f"agent-cache serve ({proc.name})", timeout=60.0)
+
+                def healthy(url: str = url) -> bool:
+                    return httpx.get(url + "/health", timeout=2.0).status_code == 200
+
+                wait_until(healthy, [proc], f"agent-cache serve ({proc.name})", timeout=60.0)
         except BaseException:
             self.stop()
             raise

@@ -41,7 +41,14 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import httpx
 
-from agent_cache.backends.protocol import build_chat_body, http_error, parse_chat_chunk, sse_payload
+from agent_cache.backends.protocol import (
+    build_chat_body,
+    decode_json,
+    http_error,
+    parse_chat,
+    parse_chat_chunk,
+    sse_payload,
+)
 from agent_cache.bench.realfleet import (
     GATEWAY_POLICY,
     GATEWAY_SESSION_HEADER,
@@ -106,17 +113,20 @@ class _Reply:
 
 
 class ChatClient:
-    """Streams one chat completion and measures it."""
+    """Sends one chat completion (streamed unless ``stream=False``) and measures it."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, *, stream: bool = True) -> None:
         limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), limits=limits)
+        self.stream = stream
 
     async def send(self, base: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
                    chat: ChatCall, extra_key: str | None = None, headers: dict[str, str] | None = None) -> _Reply:
-        body = build_chat_body(list(messages), model=MODEL, stream=True, include_usage=True, url=base,
+        body = build_chat_body(list(messages), model=MODEL, stream=self.stream, include_usage=True, url=base,
                                tools=list(tools) if tools else None, max_tokens=chat.output_tokens,
                                extra_key=extra_key, extra_body={"sim_output": chat.output})
+        if not self.stream:
+            return await self._send_whole(base, body, headers)
         t_first = 0.0
         usage = None
         worker = base
@@ -153,6 +163,24 @@ class ChatClient:
         if usage is None:
             raise MalformedResponseError("no usage chunk in the stream", url=base)
         return _Reply(worker, t_first or time.monotonic(), usage.prompt_tokens, usage.cached_tokens or 0,
+                      usage.completion_tokens)
+
+    async def _send_whole(self, base: str, body: dict[str, Any], headers: dict[str, str] | None) -> _Reply:
+        """A non-streamed call: its first token is its whole answer."""
+        try:
+            resp = await self.http.post(base + "/v1/chat/completions", json=body, headers=headers)
+        except httpx.TimeoutException as exc:
+            raise WorkerTimeoutError(f"timed out: {type(exc).__name__}", url=base) from exc
+        except httpx.HTTPError as exc:
+            raise WorkerConnectionError(f"cannot reach {base}: {exc!s}", url=base) from exc
+        if resp.status_code >= 400:
+            raise http_error(resp.status_code, resp.content, base)
+        result = parse_chat(decode_json(resp.content, base, "chat completion"), base)
+        if result.usage is None:
+            raise MalformedResponseError("no usage in the response", url=base)
+        worker = (resp.headers.get(ROUTED_WORKER_HEADER) or resp.headers.get(GATEWAY_WORKER_HEADER) or base)
+        usage = result.usage
+        return _Reply(worker.rstrip("/"), time.monotonic(), usage.prompt_tokens, usage.cached_tokens or 0,
                       usage.completion_tokens)
 
     async def aclose(self) -> None:

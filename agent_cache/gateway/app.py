@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from prometheus_client import REGISTRY, CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 from starlette.applications import Starlette
@@ -22,8 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agent_cache.backends.protocol import Usage, parse_usage, sse_payload
-from agent_cache.backends.sglang import AsyncSGLangClient
+from agent_cache.backends.protocol import Usage, parse_usage
 from agent_cache.errors import (
     BackendError,
     ConfigError,
@@ -35,6 +34,7 @@ from agent_cache.errors import (
     WorkerTimeoutError,
 )
 from agent_cache.gateway.config import ApiKey, GatewayConfig, key_digest
+from agent_cache.gateway.upstream import Upstream
 from agent_cache.gateway.requests import CHAT, COMPLETIONS, GENERATE, GatewayCall, find_session, parse_json_body, prepare
 from agent_cache.routing.conversation import conversation_session
 from agent_cache.routing.lifecycle import Attempt, CallLifecycle
@@ -115,7 +115,7 @@ class Gateway:
         self.registry = TemplateRegistry(self.router.store)
         self.metrics = _process_metrics()
         self._templaters: dict[str, Templater] = {}
-        self._clients: dict[str, AsyncSGLangClient] = {}
+        self.upstream = Upstream(timeout=config.timeout, max_connections=config.max_concurrency)
         self.inflight = 0
         self.draining = False
 
@@ -126,12 +126,6 @@ class Gateway:
         if t is None:  # one per tenant: at most one per line of the keys file, plus the default
             t = self._templaters[tenant] = Templater(self.config.templates, tenant=tenant)
         return t
-
-    def client(self, url: str) -> AsyncSGLangClient:
-        c = self._clients.get(url)
-        if c is None:
-            c = self._clients[url] = AsyncSGLangClient(url, timeout=self.config.timeout, max_connections=1024)
-        return c
 
     def authorize(self, request: Request) -> ApiKey:
         keys = self.config.api_keys
@@ -223,7 +217,7 @@ class Gateway:
 
     async def _once(self, call: GatewayCall) -> Response:
         async def attempt(placement: Placement) -> tuple[bytes, Usage | None]:
-            raw = await self.client(placement.worker).forward(call.path, call.body, timeout=self.config.timeout)
+            raw = await self.upstream.post(placement.worker, call.path, call.body)
             return raw, _usage_of(raw, call.path)
 
         raw, placement = await self._lifecycle(call).arun(attempt)
@@ -235,23 +229,23 @@ class Gateway:
         life = self._lifecycle(call)
         current: list[Placement] = []
 
-        async def sender(attempt: Attempt) -> AsyncIterator[bytes]:
+        async def sender(attempt: Attempt) -> AsyncGenerator[bytes, None]:
             current.append(attempt.placement)
             usage: Usage | None = None
             done = False
-            lines = self.client(attempt.placement.worker).forward_stream(call.path, call.body,
-                                                                         timeout=self.config.timeout)
-            async for line in lines:
-                payload = sse_payload(line)
-                if payload == "[DONE]":
-                    done = True
-                elif payload and '"prompt_tokens"' in payload:
-                    found = _usage_of(payload, call.path)
-                    usage = found or usage
-                    if not call.include_usage and found is not None and '"choices":[]' in payload.replace(" ", ""):
-                        continue  # the usage chunk the gateway asked for on the client's behalf
+            async for line in self.upstream.stream(attempt.placement.worker, call.path, call.body):
+                if line.startswith(b"data:"):
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True
+                    elif b'"prompt_tokens"' in payload:
+                        found = _usage_of(payload, call.path)
+                        usage = found or usage
+                        if (not call.include_usage and found is not None
+                                and b'"choices":[]' in payload.replace(b" ", b"")):
+                            continue  # the usage chunk the gateway asked for on the client's behalf
                 attempt.delivered = True  # from here on a retry would repeat output
-                yield (line + "\n").encode("utf-8")
+                yield line
             if not done:
                 raise StreamError("stream ended without data: [DONE]", url=attempt.placement.worker)
             attempt.usage = usage
@@ -296,7 +290,7 @@ class Gateway:
             if w.url in down:
                 continue
             try:
-                return JSONResponse(await self.client(w.url).models())
+                return JSONResponse(await self.upstream.get_json(w.url, "/v1/models"))
             except BackendError as exc:
                 last = exc
         return _error_for(last or NoHealthyWorkerError("no healthy worker"))
@@ -317,9 +311,7 @@ class Gateway:
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     async def aclose(self) -> None:
-        for c in self._clients.values():
-            await c.aclose()
-        self._clients.clear()
+        await self.upstream.aclose()
         self.registry.close()
         await self.router.aclose()
 

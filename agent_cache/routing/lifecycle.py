@@ -19,7 +19,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from typing import (
-    TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator, Sequence, TypeVar,
+    TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Generator, Iterator, Sequence, TypeVar,
     Union,
 )
 
@@ -184,7 +184,7 @@ class CallLifecycle:
             else:
                 time.sleep(step.seconds)
 
-    async def astream(self, sender: Callable[[Attempt], AsyncGenerator[Y, None]]) -> AsyncIterator[Y]:
+    async def astream(self, sender: Callable[[Attempt], AsyncGenerator[Y, None]]) -> AsyncGenerator[Y, None]:
         """Async :meth:`stream`."""
         reply: Any = None
         error: BaseException | None = None

@@ -296,7 +296,7 @@ class SimServer:
         model = str(body.get("model") or self.options.served_model_name)
         key = _cache_key(self.engine, body)
 
-        def data(choices: list[dict], usage: dict | None) -> dict[str, Any]:
+        def data(choices: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
             return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,
                     "usage": usage}
 

@@ -14,7 +14,7 @@ SMG = shutil.which("smg")
 
 def test_every_path_serves_the_same_calls_and_the_run_leaves_no_keys(redis_server, tmp_path, capsys) -> None:
     out = tmp_path / "overhead.json"
-    assert main(["--calls", "12", "--redis", redis_server.url, "--out", str(out), "--quiet"]) == 0
+    assert main(["--calls", "12", "--redis", redis_server.url, "--out", str(out), "--quiet", "--concurrency", "3"]) == 0
     doc = json.loads(out.read_text())
     paths = doc["paths"]
     want = [DIRECT, "agent-cache (memory)", "agent-cache (Redis)", GATEWAY_PATH] + (list(SMG_PATHS) if SMG else [])
@@ -25,8 +25,10 @@ def test_every_path_serves_the_same_calls_and_the_run_leaves_no_keys(redis_serve
         assert row["ttft_p50_s"] <= row["latency_p50_s"] <= row["latency_p99_s"], name
         assert row["added_latency_p50_s"] == row["latency_p50_s"] - paths[DIRECT]["latency_p50_s"], name
     assert paths[DIRECT]["added_latency_p99_s"] == 0.0
+    assert list(doc["calls_per_s"]) == want and all(rate > 0 for rate in doc["calls_per_s"].values())
     table = capsys.readouterr().out
     assert table.startswith("| path |") and all(f"| {name} |" in table for name in want)
+    assert "| path | calls/s (3 in flight) | vs direct |" in table
     client = redis.Redis.from_url(redis_server.url)
     try:  # the agent-cache (Redis) path and the gateway wrote under their own prefixes, deleted at the end
         assert not list(client.scan_iter("agent-cache-overhead-*"))
