@@ -233,6 +233,44 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=_serve)
 
 
+def _metrics_server(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from agent_cache.redact import redact_url
+    from agent_cache.store import RedisStore
+    from agent_cache.store.exporter import StoreCollector
+
+    store = RedisStore(args.redis, prefix=args.prefix)
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(store))
+    server, thread = start_http_server(args.port, addr=args.host, registry=registry)
+    print(f"agent-cache metrics on http://{args.host}:{args.port}/metrics from {redact_url(args.redis)} "
+          f"(prefix {args.prefix})", file=sys.stderr, flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.shutdown()
+    thread.join(5)
+    store.close()
+    return 0
+
+
+def _add_metrics_server(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("metrics-server", help="serve the metadata store's picture (sessions, load, hit rates per "
+                                              "worker) as Prometheus metrics")
+    default = environment.value(environment.REDIS_URL)
+    p.add_argument("--redis", required=default is None, default=default, metavar="URL",
+                   help=f"the deployment's Redis (default: ${environment.REDIS_URL})")
+    p.add_argument("--prefix", default="agent-cache", help="key prefix of the deployment (default agent-cache)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=9464)
+    p.set_defaults(func=_metrics_server)
+
+
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     # listed for --help; main() hands the arguments to agent_cache.bench.runner
     sub.add_parser("bench", help="compare routing policies on agent workloads: fleet simulation (--engine sim) "
@@ -246,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_demo(sub)
     _add_explain(sub)
+    _add_metrics_server(sub)
     _add_serve(sub)
     _add_sim_worker(sub)
     _add_stats(sub)
