@@ -184,7 +184,8 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"agent-cache gateway on http://{args.host}:{args.port} -> {len(workers)} workers "
           f"(store: {'redis' if args.redis else 'in-process'}, API keys: {keys})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                timeout_graceful_shutdown=args.drain_timeout, backlog=4096, http=args.http, loop=args.loop)
+                timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.keep_alive, backlog=4096,
+                http=args.http, loop=args.loop)
     return 0
 
 
@@ -225,6 +226,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="request fields to pass through unchecked (fields of a newer SGLang)")
     p.add_argument("--drain-timeout", type=_positive(float), default=30.0,
                    help="seconds to let in-flight calls finish on SIGTERM (default %(default)s)")
+    p.add_argument("--keep-alive", type=_positive(int), default=75,
+                   help="seconds an idle client connection stays open (default %(default)s: longer than the "
+                        "60 s idle timeout of common load balancers, so they never reuse a closed one)")
     p.add_argument("--log-level", default="warning")
     p.add_argument("--http", default="auto", choices=["auto", "httptools", "h11"],
                    help="HTTP parser (default auto: httptools, installed with agent-cache; docs/benchmarks.md)")

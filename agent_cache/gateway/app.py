@@ -40,6 +40,7 @@ from agent_cache.routing.conversation import conversation_session
 from agent_cache.routing.lifecycle import Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, Router
 from agent_cache.templates import Templater, TemplateRegistry
+from agent_cache.templates.templater import encoder
 
 logger = logging.getLogger("agent_cache.gateway")
 
@@ -361,6 +362,7 @@ def create_app(config: GatewayConfig, router: Router | None = None) -> Starlette
 def _lifespan(gateway: Gateway) -> Callable[[Starlette], Any]:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        encoder()  # load the tokenizer the templates count with now, not inside the first call
         yield
         gateway.draining = True
         await gateway.aclose()

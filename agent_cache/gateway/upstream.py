@@ -19,6 +19,9 @@ from agent_cache.errors import BackendError, StreamError, WorkerConnectionError,
 _JSON = {"Content-Type": "application/json"}
 # a stream event is one line; /generate repeats the whole text so far in each, so lines can be long
 _MAX_LINE = 16 * 1024 * 1024
+# SGLang's HTTP server (uvicorn) closes a connection idle for 5 s; closing ours first means a
+# pooled connection is never reused just as the worker drops it (a false connection error)
+_IDLE_CLOSE = 4.0
 
 
 class Upstream:
@@ -33,7 +36,8 @@ class Upstream:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=self._max_connections)
+            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=self._max_connections,
+                                             keepalive_timeout=_IDLE_CLOSE)
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, headers=self._headers,
                                                   read_bufsize=_MAX_LINE, auto_decompress=True)
         return self._session

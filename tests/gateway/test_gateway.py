@@ -320,11 +320,14 @@ def test_saturated_gateway_answers_503_with_retry_after(procs):
     with SimFleet(1, time_scale=1.0) as fleet:
         gw = _gateway(procs, fleet, "--max-concurrency", "1")
         url = gw.urls[0] + "/v1/chat/completions"
-        body = {"model": "m", "messages": [{"role": "user", "content": "x " * 3000}], "max_tokens": 64}
+        body = {"model": "m", "messages": [{"role": "user", "content": "x " * 3000}], "max_tokens": 400}
         results: list[httpx.Response] = []
         t = threading.Thread(target=lambda: results.append(httpx.post(url, json=body, timeout=60)))
         t.start()
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while httpx.get(gw.urls[0] + "/health").json()["inflight"] < 1:  # the first call holds the one slot
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
         r = httpx.post(url, json=body, timeout=60)
         t.join()
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
@@ -349,3 +352,42 @@ def test_sigterm_drains_a_stream_in_flight(procs):
         gw.procs[0].popen.wait(30)
         # uvicorn exits by re-raising the signal once it has drained
         assert gw.procs[0].popen.returncode in (0, -signal.SIGTERM)
+
+
+def test_pools_from_the_key_or_the_pool_header(procs, tmp_path):
+    with SimFleet(3) as fleet:
+        keys = tmp_path / "keys"
+        keys.write_text("sk-big big-tenant large\nsk-small small-tenant\n")
+        gw = AgentCacheGateways(procs, fleet.urls[:2], redis_url=REDIS, args=[
+            "--prefix", f"t-{uuid.uuid4().hex[:10]}", "--api-keys", str(keys), "--pool", f"large={fleet.urls[2]}"])
+        url = gw.urls[0] + "/v1/chat/completions"
+
+        def worker(key: str, session: str, **headers: str) -> str:
+            r = httpx.post(url, json={"model": "m", "messages": [{"role": "user", "content": session}],
+                                      "max_tokens": 4},
+                           headers={"authorization": f"Bearer {key}", "x-session-id": session, **headers})
+            assert r.status_code == 200, r.text
+            return r.headers["x-agent-cache-worker"]
+
+        assert {worker("sk-big", f"b{i}") for i in range(6)} == {fleet.urls[2]}
+        assert {worker("sk-small", f"s{i}") for i in range(6)} <= set(fleet.urls[:2])
+        assert worker("sk-small", "h1", **{"x-agent-cache-pool": "large"}) == fleet.urls[2]
+        r = httpx.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                       headers={"authorization": "Bearer sk-small", "x-agent-cache-pool": "nosuch"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "x-agent-cache-pool"
+
+
+def test_a_stream_is_passed_on_event_by_event(procs):
+    with SimFleet(1, time_scale=1.0) as fleet:
+        gw = _gateway(procs, fleet)
+        body = {"model": "m", "messages": [{"role": "user", "content": "tell me"}], "max_tokens": 64,
+                "stream": True}
+        arrivals = []
+        with httpx.stream("POST", gw.urls[0] + "/v1/chat/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    arrivals.append(time.monotonic())
+        # 64 decode steps of the modelled GPU: the events arrive spread over them, not at once at the end
+        assert len(arrivals) > 20
+        spread = arrivals[-1] - arrivals[0]
+        assert spread > 0.05 and arrivals[len(arrivals) // 2] - arrivals[0] > spread / 4
