@@ -67,6 +67,11 @@ class _Call:
     tools: list[dict[str, Any]] | None
 
 
+def _env_secret(name: str) -> SecretStr | None:
+    value = environment.value(name)
+    return SecretStr(value) if value is not None else None
+
+
 def _unknown_option(name: str) -> ConfigError:
     known = set(ChatSGLang.model_fields) | {f.alias for f in ChatSGLang.model_fields.values() if f.alias}
     close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
@@ -103,10 +108,14 @@ class ChatSGLang(BaseChatModel):
     stream_usage: bool = True
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     extra_body: dict[str, Any] | None = None
-    api_key: SecretStr | None = None
+    # AGENT_CACHE_* defaults come from field factories (docs/configuration.md has the table);
+    # base_url/workers are read in __init__, as their precedence depends on each other and on router=
+    api_key: SecretStr | None = Field(default_factory=lambda: _env_secret(environment.API_KEY))
     # routing and templates (docs/langchain.md, docs/routing.md, docs/templates.md)
-    redis_url: SecretStr | None = None  # may carry a password: masked in repr, dumps and callbacks
     router: Router | None = Field(default=None, exclude=True)
+    # may carry a password: masked in repr, dumps and callbacks; a router= brings its own store
+    redis_url: SecretStr | None = Field(default_factory=lambda data: None if data.get("router") is not None
+                                        else _env_secret(environment.REDIS_URL))
     templates: str | Templater = "system"  # a mode (docs/templates.md) or a Templater of one's own
     values_position: str = "system_suffix_message"
     freeze_values: bool = False
@@ -147,9 +156,6 @@ class ChatSGLang(BaseChatModel):
                     workers = environment.workers()
                     if workers:
                         kwargs["workers"] = workers
-            env_key = environment.value(environment.API_KEY) if kwargs.get("api_key") is None else None
-            if env_key is not None:
-                kwargs["api_key"] = env_key
             if base_url is None and not workers:
                 raise ConfigError("base_url", "give base_url (one worker) or workers (a list of worker URLs)")
             if base_url is not None and workers:
@@ -180,9 +186,6 @@ class ChatSGLang(BaseChatModel):
     def _make_router(self) -> "ChatSGLang":
         router = self.router
         if router is None:
-            env_redis = environment.value(environment.REDIS_URL) if self.redis_url is None else None
-            if env_redis is not None:
-                self.redis_url = SecretStr(env_redis)
             urls = [self.base_url] if self.base_url else list(self.workers or [])
             interval = self.health_probe_interval
             if "health_probe_interval" not in self.model_fields_set and len(urls) > 1:

@@ -84,3 +84,22 @@ def test_type_checkers_see_every_option(tmp_path):
     assert len(errors) == 2, out.stdout
     assert ':3: error: Unexpected keyword argument "temprature"' in errors[0]
     assert ':4: error: Argument "max_tokens"' in errors[1]
+
+
+def test_environment_defaults_yield_to_keywords_and_to_a_router(monkeypatch) -> None:
+    monkeypatch.setenv("AGENT_CACHE_API_KEY", "from-env")
+    monkeypatch.setenv("AGENT_CACHE_REDIS_URL", "redis://127.0.0.1:6379/0")
+    url = "http://127.0.0.1:9"
+    from_env = ChatSGLang(base_url=url)
+    try:
+        assert from_env.api_key is not None and from_env.api_key.get_secret_value() == "from-env"
+        assert from_env.redis_url is not None and type(from_env.routing.store).__name__ == "RedisStore"
+    finally:
+        from_env.routing.close()
+    given = ChatSGLang(base_url=url, api_key="mine")
+    assert given.api_key is not None and given.api_key.get_secret_value() == "mine"
+    given.routing.close()
+    router = Router([url], probe_interval=None)
+    with_router = ChatSGLang(router=router)
+    assert with_router.redis_url is None and with_router.routing is router  # the router's store, not the env's
+    router.close()
