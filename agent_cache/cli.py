@@ -175,6 +175,7 @@ def _serve(args: argparse.Namespace) -> int:
             infer_sessions=not args.no_infer_sessions, max_concurrency=args.max_concurrency,
             max_body_bytes=args.max_body_bytes, timeout=args.timeout, max_attempts=args.max_attempts,
             extra_fields=frozenset(f.strip() for f in (args.extra_fields or "").split(",") if f.strip()),
+            worker_api_key=environment.value(environment.API_KEY),
         )
         app = create_app(config)
     except ConfigError as exc:

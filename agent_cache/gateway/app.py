@@ -11,25 +11,32 @@ two headers say where the call went (``x-agent-cache-worker``,
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, TypeVar
+from urllib.parse import quote
 
 from prometheus_client import REGISTRY, CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
-from agent_cache.backends.protocol import Usage, parse_usage
+from agent_cache.backends.protocol import Usage, parse_usage, stream_error_event
 from agent_cache.errors import (
     BackendError,
     ConfigError,
     ContextLengthError,
+    MalformedResponseError,
     NoHealthyWorkerError,
     RequestRejectedError,
     RoutingError,
+    StoreError,
+    StoreUnavailableError,
     StreamError,
     WorkerTimeoutError,
 )
@@ -47,8 +54,13 @@ logger = logging.getLogger("agent_cache.gateway")
 WORKER_HEADER = "x-agent-cache-worker"
 SESSION_HEADER = "x-agent-cache-session"
 POOL_HEADER = "x-agent-cache-pool"
+_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")  # printable ASCII stays as it is
 _RETRY_BASE = 0.2  # seconds before the second attempt, doubling after
 _NO_KEY = ApiKey("default")
+_PROMPT_FIELD = {CHAT: "messages", COMPLETIONS: "prompt", GENERATE: "text"}
+BODY_TIMEOUT = 60.0  # seconds a client may take to send its request body
+CLIENT_CLOSED = 499  # the client went away before the answer (nginx's convention; nobody reads it)
+T = TypeVar("T")
 
 
 class _Metrics:
@@ -82,11 +94,15 @@ def error_response(status: int, message: str, *, param: str | None = None, code:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def _error_for(exc: BaseException) -> JSONResponse:
+def _error_for(exc: BaseException, path: str = CHAT) -> JSONResponse:
     """The HTTP answer for an error raised while a request was prepared or served."""
     if isinstance(exc, RequestRejectedError):
         headers = {"Retry-After": str(int(exc.retry_after))} if exc.retry_after is not None else None
         return error_response(exc.status, str(exc), code=exc.code, headers=headers)
+    if isinstance(exc, ConfigError) and exc.field == "redis_url":  # the store refuses the gateway: not the caller's fault
+        logger.error("the metadata store refused the gateway: %s", exc)
+        return error_response(500, "the gateway's metadata store refused it (see the gateway's log)",
+                              code="store_misconfigured")
     if isinstance(exc, ConfigError):
         return error_response(400, str(exc), param=exc.field, code="invalid_value")
     if isinstance(exc, NoHealthyWorkerError):
@@ -95,7 +111,7 @@ def _error_for(exc: BaseException) -> JSONResponse:
         return error_response(400, str(exc), param=POOL_HEADER, code="invalid_pool")
     if isinstance(exc, BackendError):
         if isinstance(exc, ContextLengthError):
-            return error_response(400, str(exc), param="messages", code="context_length_exceeded")
+            return error_response(400, str(exc), param=_PROMPT_FIELD[path], code="context_length_exceeded")
         if exc.status is not None and 400 <= exc.status < 500:
             return error_response(exc.status, str(exc), code="worker_rejected")
         if isinstance(exc, WorkerTimeoutError):
@@ -116,9 +132,9 @@ class Gateway:
         self.registry = TemplateRegistry(self.router.store)
         self.metrics = _process_metrics()
         self._templaters: dict[str, Templater] = {}
-        self.upstream = Upstream(timeout=config.timeout, max_connections=config.max_concurrency)
+        self.upstream = Upstream(timeout=config.timeout, max_connections=config.max_concurrency,
+                                 api_key=config.worker_api_key)
         self.inflight = 0
-        self.draining = False
 
     # --- pieces -----------------------------------------------------------------
 
@@ -154,8 +170,6 @@ class Gateway:
         return parse_json_body(b"".join(chunks))
 
     def _admit(self) -> None:
-        if self.draining:
-            raise RequestRejectedError(503, "the gateway is shutting down", code="shutting_down", retry_after=1)
         if self.inflight >= self.config.max_concurrency:
             raise RequestRejectedError(503, f"the gateway has {self.inflight} calls in flight (--max-concurrency)",
                                        code="overloaded", retry_after=1)
@@ -176,28 +190,29 @@ class Gateway:
 
     @staticmethod
     def _headers(placement: Placement, call: GatewayCall) -> dict[str, str]:
-        return {WORKER_HEADER: placement.worker, SESSION_HEADER: call.route.session_id}
+        # a session id may hold any Unicode: percent-encoded, as an HTTP header carries Latin-1 only
+        return {WORKER_HEADER: placement.worker, SESSION_HEADER: quote(call.route.session_id, safe=_HEADER_SAFE)}
 
     # --- the proxied endpoints ----------------------------------------------------
 
     async def proxy(self, request: Request, path: str) -> Response:
-        try:
-            self._admit()
-        except RequestRejectedError as exc:
-            return self._count(path, _error_for(exc))
-        streaming = False
-        try:
+        try:  # checked before a slot is taken: a slow or bad client holds none
             call = await self._prepare(request, path)
-            if call.stream:
-                response = await self._stream(call)
-                streaming = True  # the stream's end releases the slot
-                return response
-            return self._count(path, await self._once(call))
+            self._admit()
         except Exception as exc:  # every failure becomes an OpenAI-style error body
-            return self._count(path, _error_for(exc))
-        finally:
-            if not streaming:
-                self._release()
+            return self._count(path, _error_for(exc, path))
+        release = _Once(self._release)
+        try:
+            if call.stream:
+                response = await self._stream(request, call, release)
+            else:
+                response = self._count(path, await self._once(request, call))
+        except Exception as exc:
+            release()
+            return self._count(path, _error_for(exc, path))
+        if not call.stream:
+            release()
+        return response
 
     def _count(self, path: str, response: Response) -> Response:
         self.metrics.requests.labels(path, str(response.status_code)).inc()
@@ -205,7 +220,11 @@ class Gateway:
 
     async def _prepare(self, request: Request, path: str) -> GatewayCall:
         grant = self.authorize(request)
-        body = await self.read_body(request)
+        try:
+            body = await asyncio.wait_for(self.read_body(request), BODY_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise RequestRejectedError(408, f"the request body did not arrive within {BODY_TIMEOUT:g} s",
+                                       code="request_timeout") from None
         infer: Callable[[], str] | None = None
         if path == CHAT and self.config.infer_sessions and isinstance(body.get("messages"), list):
             messages = body["messages"]
@@ -214,69 +233,87 @@ class Gateway:
         session = find_session(request.headers, self.config.session_header, body, infer)
         return prepare(path, body, grant=grant, extra_key=self.router.extra_key_for(grant.tenant), session=session,
                        templater=self.templater(grant.tenant) if path == CHAT else None,
-                       pool=request.headers.get(POOL_HEADER), extra_fields=self.config.extra_fields)
+                       pool=request.headers.get(POOL_HEADER), extra_fields=self.config.extra_fields,
+                       shared=self.config.api_keys is not None)
 
-    async def _once(self, call: GatewayCall) -> Response:
+    async def _once(self, request: Request, call: GatewayCall) -> Response:
         async def attempt(placement: Placement) -> tuple[bytes, Usage | None]:
             raw = await self.upstream.post(placement.worker, call.path, call.body)
-            return raw, _usage_of(raw, call.path)
+            return raw, _usage_of(_json_object(raw, placement.worker), call.path)
 
-        raw, placement = await self._lifecycle(call).arun(attempt)
+        outcome = await _unless_client_leaves(request, self._lifecycle(call).arun(attempt))
+        if outcome is None:
+            return Response(status_code=CLIENT_CLOSED)
+        raw, placement = outcome
         self._served(call, placement)
         return Response(raw, media_type="application/json", headers=self._headers(placement, call))
 
-    async def _stream(self, call: GatewayCall) -> Response:
+    async def _stream(self, request: Request, call: GatewayCall, release: "_Once") -> Response:
         """Start the stream once the first event arrived (an attempt failing before that moves on)."""
         life = self._lifecycle(call)
         current: list[Placement] = []
 
         async def sender(attempt: Attempt) -> AsyncGenerator[bytes, None]:
             current.append(attempt.placement)
+            worker = attempt.placement.worker
             usage: Usage | None = None
             done = False
-            async for line in self.upstream.stream(attempt.placement.worker, call.path, call.body):
+            async for line in self.upstream.stream(worker, call.path, call.body):
                 if line.startswith(b"data:"):
                     payload = line[5:].strip()
                     if payload == b"[DONE]":
                         done = True
+                    elif not attempt.delivered and payload.startswith(b'{"error"'):
+                        raise stream_error_event(_json_object(payload, worker), worker)  # before any output
                     elif b'"prompt_tokens"' in payload:
-                        found = _usage_of(payload, call.path)
+                        found = _usage_of(_json_object(payload, worker), call.path)
                         usage = found or usage
                         if (not call.include_usage and found is not None
                                 and b'"choices":[]' in payload.replace(b" ", b"")):
                             continue  # the usage chunk the gateway asked for on the client's behalf
+                elif not attempt.delivered:
+                    if line.strip() and not line.startswith(b":"):
+                        raise MalformedResponseError("the stream is not server-sent events", url=worker)
+                    continue  # blank lines before the first event: nothing to pass on yet
                 attempt.delivered = True  # from here on a retry would repeat output
                 yield line
             if not done:
-                raise StreamError("stream ended without data: [DONE]", url=attempt.placement.worker)
+                raise StreamError("stream ended without data: [DONE]", url=worker)
             attempt.usage = usage
 
         events = life.astream(sender)
+        status = {"label": "200"}
+
+        async def cleanup() -> None:
+            await events.aclose()
+            if release():
+                self.metrics.requests.labels(call.path, status["label"]).inc()
+
         try:
-            first = await events.__anext__()
-        except StopAsyncIteration:
-            first = b""
+            first = await _unless_client_leaves(request, events.__anext__())
+            if first is None:
+                await cleanup()
+                return Response(status_code=CLIENT_CLOSED)
+            headers = self._headers(current[-1], call)
         except BaseException:
             await events.aclose()
             raise
 
         async def body() -> AsyncIterator[bytes]:
-            status = "200"
+            yield first
             try:
-                yield first
                 async for item in events:
                     yield item
-                if life.result is not None:
-                    self._served(call, life.result[1])
-            except Exception as exc:  # the status line is sent: the stream just ends
-                status = "stream_error"
+            except Exception as exc:  # the status line is sent: end the stream with an error event
+                status["label"] = "stream_error"
                 logger.warning("stream through %s broke: %s", current[-1].worker if current else "?", exc)
-            finally:
-                await events.aclose()
-                self._release()
-                self.metrics.requests.labels(call.path, status).inc()
+                error = {"error": {"message": str(exc), "type": "server_error", "code": 502}}
+                yield b"data: " + json.dumps(error).encode() + b"\n\n"
+                return
+            if life.result is not None:
+                self._served(call, life.result[1])
 
-        return StreamingResponse(body(), media_type="text/event-stream", headers=self._headers(current[-1], call))
+        return _CleanStreamingResponse(body(), cleanup, media_type="text/event-stream", headers=headers)
 
     # --- the gateway's own endpoints --------------------------------------------------
 
@@ -297,19 +334,28 @@ class Gateway:
         return _error_for(last or NoHealthyWorkerError("no healthy worker"))
 
     async def health(self, request: Request) -> Response:
-        """200 while the gateway takes calls and a worker is up; 503 while draining or with none up."""
+        """200 while a worker is up, else 503 (while draining, the closed socket refuses the probe)."""
         urls = [w.url for w in self.router.workers]
         down = self.router.health.down(urls)
         body = {"status": "ok", "workers": {u: u not in down for u in urls}, "inflight": self.inflight,
                 "store_degraded": self.router.availability.degraded}
-        if self.draining:
-            body["status"] = "draining"
-        elif len(down) == len(urls):
+        if len(down) == len(urls):
             body["status"] = "no_healthy_worker"
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     async def prometheus(self, request: Request) -> Response:
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    async def check_store(self) -> None:
+        """At start-up: a store refusing the gateway (password, ACL, database) stops it with the reason;
+        an unreachable one only warns, as routing goes on by hashing until it answers."""
+        try:
+            await asyncio.to_thread(self.router.store.stats, time.time(), templates=False)
+        except StoreUnavailableError as exc:
+            self.router.availability.failed(exc)  # /health says so, and calls skip the store until it answers
+            logger.warning("metadata store unreachable at start-up (%s): routing by hashing until it answers", exc)
+        except StoreError as exc:
+            logger.warning("metadata store error at start-up: %s", exc)
 
     async def aclose(self) -> None:
         await self.upstream.aclose()
@@ -317,21 +363,93 @@ class Gateway:
         await self.router.aclose()
 
 
-def _usage_of(raw: bytes | str, path: str) -> Usage | None:
-    """The usage a worker reported in a response body or stream event (``meta_info`` for ``/generate``)."""
+class _Once:
+    """Runs ``fn`` on the first call only; True for that call."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self._fn: Callable[[], None] | None = fn
+
+    def __call__(self) -> bool:
+        fn, self._fn = self._fn, None
+        if fn is None:
+            return False
+        fn()
+        return True
+
+
+class _CleanStreamingResponse(StreamingResponse):
+    """A stream whose cleanup runs however the response ends, even when its body never starts
+    (the server refusing a header, the client gone before the first byte)."""
+
+    def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], Awaitable[None]],
+                 **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._cleanup()
+
+
+async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | None:
+    """``await work``, or cancel it and return None if the client disconnects first (its call is
+    settled as cancelled: the slot and the in-flight count are released at once)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # this handler is being cancelled too
+    return None
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read: receive waits for that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _json_object(raw: bytes, worker: str) -> dict[str, Any]:
+    """A worker's JSON answer or stream event; anything else is a malformed (retryable) answer."""
     try:
         data = json.loads(raw)
-    except ValueError:
-        return None
+    except (ValueError, RecursionError):
+        data = None
     if not isinstance(data, dict):
-        return None
+        raise MalformedResponseError("the worker's answer is not a JSON object", url=worker)
+    return data
+
+
+def _count_of(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _usage_of(data: dict[str, Any], path: str) -> Usage | None:
+    """The usage a worker reported in a response body or stream event (``meta_info`` for ``/generate``)."""
     if path == GENERATE:
         meta = data.get("meta_info")
         if not isinstance(meta, dict):
             return None
-        return Usage(int(meta.get("prompt_tokens") or 0), int(meta.get("completion_tokens") or 0),
-                     int(meta.get("cached_tokens") or 0))
-    return parse_usage(data.get("usage"))
+        return Usage(_count_of(meta.get("prompt_tokens")), _count_of(meta.get("completion_tokens")),
+                     _count_of(meta.get("cached_tokens")))
+    try:
+        return parse_usage(data.get("usage"))
+    except (TypeError, ValueError):  # counts that are not numbers: no usage to learn from
+        return None
 
 
 def create_app(config: GatewayConfig, router: Router | None = None) -> Starlette:
@@ -363,8 +481,8 @@ def _lifespan(gateway: Gateway) -> Callable[[Starlette], Any]:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         encoder()  # load the tokenizer the templates count with now, not inside the first call
+        await gateway.check_store()
         yield
-        gateway.draining = True
         await gateway.aclose()
 
     return lifespan

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from agent_cache.backends.request_check import TENANT_FIELDS
 from agent_cache.errors import ConfigError
 from agent_cache.routing.config import check_tenant
 from agent_cache.store.base import DEFAULT_PREFIX
@@ -15,6 +16,9 @@ from agent_cache.templates.templater import TemplateMode
 DEFAULT_SESSION_HEADER = "x-session-id"
 DEFAULT_MAX_CONCURRENCY = 1024  # calls in flight per gateway process; more get 503 with Retry-After
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # a 128k-token prompt is ~0.5 MB; images in base64 need more
+# what --extra-fields may not name: the fields the gateway itself sets, checks or refuses
+NOT_PASSED_THROUGH = frozenset(TENANT_FIELDS) | {"messages", "prompt", "text", "input_ids", "tools", "stream",
+                                                 "stream_options", "user", "rid", "custom_logit_processor"}
 DEFAULT_TIMEOUT = 600.0  # seconds a worker may take to answer (non-streaming) or to send its next bytes
 
 
@@ -78,6 +82,7 @@ class GatewayConfig:
     max_attempts: int = 3
     probe_interval: float | None = 5.0
     extra_fields: frozenset[str] = field(default_factory=frozenset)  # request fields passed through unchecked
+    worker_api_key: str | None = field(default=None, repr=False)  # the workers' --api-key, sent to them
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -95,4 +100,7 @@ class GatewayConfig:
                 raise ConfigError(name, f"expected an integer >= 1, got {value!r}")
         if not isinstance(self.timeout, (int, float)) or self.timeout <= 0:
             raise ConfigError("timeout", f"expected seconds > 0, got {self.timeout!r}")
+        owned = sorted(self.extra_fields & NOT_PASSED_THROUGH)
+        if owned:
+            raise ConfigError("extra_fields", f"{owned} are set or checked by the gateway and cannot pass through")
         object.__setattr__(self, "session_header", self.session_header.lower())

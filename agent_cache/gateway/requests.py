@@ -47,6 +47,10 @@ GENERATE_FIELDS = frozenset({
     "custom_logit_processor", "priority", "extra_key", "rid", "routing_key", "no_logs", "custom_labels",
 })
 _FIELDS = {CHAT: CHAT_FIELDS, COMPLETIONS: COMPLETION_FIELDS, GENERATE: GENERATE_FIELDS}
+# refused when tenants share the workers: SGLang keys a request's state by rid (a colliding rid
+# takes over another request), and a custom logit processor is code the worker runs
+SHARED_REFUSED = frozenset({"rid", "custom_logit_processor"})
+
 _TENANT_HINT = "the gateway sets it from the API key's tenant"
 
 
@@ -70,6 +74,8 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise ConfigError("body", f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
     except ValueError as exc:
         raise ConfigError("body", f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigError("body", "JSON nested too deeply") from None
     if not isinstance(body, dict):
         raise ConfigError("body", f"expected a JSON object, got {type(body).__name__}")
     return body
@@ -84,6 +90,8 @@ def find_session(headers: Mapping[str, str], header: str, body: Mapping[str, Any
         if not isinstance(value, str) or not value:
             raise ConfigError(field, f"a session id must be a non-empty string, got {value!r}")
         check_text(value, field)
+        if not value.isprintable():  # it is echoed in a response header
+            raise ConfigError(field, "a session id must not contain control characters")
         return value
     return infer() if infer is not None else f"anon-{uuid.uuid4().hex}"
 
@@ -93,11 +101,20 @@ def _encode(body: Mapping[str, Any]) -> bytes:
 
 
 def prepare(path: str, body: dict[str, Any], *, grant: ApiKey, extra_key: str | None, session: str,
-            templater: Templater | None, pool: str | None, extra_fields: frozenset[str]) -> GatewayCall:
-    """Check one request and build what goes to the worker; raises ConfigError naming the bad field."""
+            templater: Templater | None, pool: str | None, extra_fields: frozenset[str],
+            shared: bool = False) -> GatewayCall:
+    """Check one request and build what goes to the worker; raises ConfigError naming the bad field.
+
+    ``shared``: the gateway serves several tenants (API keys), so fields that reach across requests
+    on a worker (a request id another tenant could collide with, code the worker would run) are refused.
+    """
     if "extra_body" in body:
         raise ConfigError("extra_body", "not a request field: OpenAI clients merge extra_body into the body")
-    params = {k: v for k, v in body.items() if k not in OPENAI_ONLY_FIELDS and k not in extra_fields}
+    if shared:
+        for name in SHARED_REFUSED & body.keys():
+            raise ConfigError(name, "not accepted by a gateway serving several tenants (--api-keys)")
+    dropped = OPENAI_ONLY_FIELDS if path != GENERATE else frozenset()
+    params = {k: v for k, v in body.items() if k not in dropped and k not in extra_fields}
     fields = _FIELDS[path] | extra_fields
     stream = bool(body.get("stream"))
     options = body.get("stream_options")

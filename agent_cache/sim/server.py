@@ -285,6 +285,8 @@ class SimServer:
             max_tokens = _max_tokens(body)
         except _BadRequest as exc:
             return _error(str(exc))
+        if not self.engine.ready:
+            return _error("The server is starting", 503, "ServiceUnavailableError")
         try:
             self.engine.check_prompt(prompt_ids)
         except PromptTooLong as exc:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -318,9 +320,10 @@ def test_redis_killed_mid_run_fails_no_call(procs, fleet, redis_server_factory):
 
 def test_saturated_gateway_answers_503_with_retry_after(procs):
     with SimFleet(1, time_scale=1.0) as fleet:
-        gw = _gateway(procs, fleet, "--max-concurrency", "1")
+        gw = _gateway(procs, fleet, "--max-concurrency", "1", "--extra-fields", "sim_output")
         url = gw.urls[0] + "/v1/chat/completions"
-        body = {"model": "m", "messages": [{"role": "user", "content": "x " * 3000}], "max_tokens": 400}
+        body = {"model": "m", "messages": [{"role": "user", "content": "x " * 3000}], "max_tokens": 400,
+                "sim_output": "word " * 400}  # about 3 s of decoding: the slot stays taken meanwhile
         results: list[httpx.Response] = []
         t = threading.Thread(target=lambda: results.append(httpx.post(url, json=body, timeout=60)))
         t.start()
@@ -391,3 +394,90 @@ def test_a_stream_is_passed_on_event_by_event(procs):
         assert len(arrivals) > 20
         spread = arrivals[-1] - arrivals[0]
         assert spread > 0.05 and arrivals[len(arrivals) // 2] - arrivals[0] > spread / 4
+
+
+def _broken_worker(kind: str):
+    """A worker that answers 200 with something that is not SGLang's: HTML, or a stream of it."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+
+    async def chat(request):
+        body = await request.json()
+        if body.get("stream"):
+            async def events():
+                yield b"<html>oops</html>\n"
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return Response(b"<html>oops</html>", media_type="text/html")
+
+    async def health(request):
+        return Response(b"")
+
+    return lambda: Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
+                                     Route("/health", health)])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_worker_answering_garbage_is_failed_over(procs, stream):
+    from agent_cache.sim.fleet import ThreadedServer
+
+    broken = ThreadedServer(_broken_worker("html"))
+    broken.start()
+    try:
+        with SimFleet(1) as fleet:
+            gw = AgentCacheGateways(procs, [broken.url, fleet.urls[0]], redis_url=REDIS,
+                                    args=["--prefix", f"t-{uuid.uuid4().hex[:10]}"])
+            served = set()
+            for i in range(6):
+                body = {"model": "m", "messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 4,
+                        "stream": stream}
+                r = httpx.post(gw.urls[0] + "/v1/chat/completions", json=body, headers={"x-session-id": f"g{i}"})
+                assert r.status_code == 200, r.text
+                assert "oops" not in r.text and ("data: [DONE]" in r.text if stream else r.json()["choices"])
+                served.add(r.headers["x-agent-cache-worker"])
+            assert served == {fleet.urls[0]}
+    finally:
+        broken.stop()
+
+
+def test_session_ids_are_checked_and_echoed_safely(procs, fleet):
+    gw = _gateway(procs, fleet)
+    url = gw.urls[0] + "/v1/chat/completions"
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+    for stream in (False, True):
+        r = httpx.post(url, json={**body, "stream": stream, "user": "evil\r\nx-injected: 1"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "user"
+        r = httpx.post(url, json={**body, "stream": stream, "user": "用户-42"})
+        assert r.status_code == 200 and r.headers["x-agent-cache-session"] == "%E7%94%A8%E6%88%B7-42"
+    assert httpx.get(gw.urls[0] + "/health").json()["inflight"] == 0  # nothing held by the refused ones
+
+
+def test_a_client_that_leaves_frees_its_slot_at_once(procs):
+    with SimFleet(1, time_scale=1.0) as fleet:
+        gw = _gateway(procs, fleet, "--max-concurrency", "2", "--extra-fields", "sim_output")
+        body = {"model": "m", "messages": [{"role": "user", "content": "x " * 2000}], "max_tokens": 2000,
+                "sim_output": "word " * 2000}  # the simulated model's answer: about 15 s of decoding
+        try:  # gives up waiting for a whole answer
+            r = httpx.post(gw.urls[0] + "/v1/chat/completions", json=body, timeout=0.3)
+            raise AssertionError(f"answered within 0.3 s: {r.status_code} {r.text[:300]}")
+        except httpx.ReadTimeout:
+            pass
+        with httpx.stream("POST", gw.urls[0] + "/v1/chat/completions", json={**body, "stream": True}) as r:
+            assert next(r.iter_lines()).startswith("data:")  # reads one event, then hangs up
+        deadline = time.monotonic() + 3  # the worker would take 15 s more: the slots come back before
+        while httpx.get(gw.urls[0] + "/health").json()["inflight"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert httpx.get(gw.urls[0] + "/health").json()["inflight"] == 0
+
+
+def test_tenant_owned_fields_cannot_be_passed_through_or_collide(procs, fleet, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "agent_cache.cli", "serve", "--workers", fleet.urls[0],
+                          "--extra-fields", "sim_output,extra_key"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "extra_fields" in out.stderr and "extra_key" in out.stderr
+    keys = tmp_path / "keys"
+    keys.write_text("sk-a team-a\n")
+    gw = _gateway(procs, fleet, "--api-keys", str(keys))
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "rid": "r1"}),
+                       ("/generate", {"text": "x", "custom_logit_processor": "code"})):
+        r = httpx.post(gw.urls[0] + path, json=body, headers={"authorization": "Bearer sk-a"})
+        assert r.status_code == 400 and r.json()["error"]["param"] in ("rid", "custom_logit_processor"), r.text
