@@ -19,7 +19,7 @@ import nbformat
 from nbclient import NotebookClient
 
 HERE = Path(__file__).resolve().parent
-EXAMPLES = ["react_agent", "reflexion_agent", "multi_worker_routing"]
+EXAMPLES = ["react_agent", "reflexion_agent", "multi_worker_routing", "openai_gateway"]
 
 
 def cells_from_script(text: str) -> list[tuple[str, str]]:

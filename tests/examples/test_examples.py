@@ -21,7 +21,7 @@ import pytest
 from nbclient import NotebookClient
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-NAMES = ["react_agent", "reflexion_agent", "multi_worker_routing"]
+NAMES = ["react_agent", "reflexion_agent", "multi_worker_routing", "openai_gateway"]
 
 
 def _builder():
@@ -70,10 +70,21 @@ def check_multi_worker_routing(s: dict) -> None:
     assert on["cross_session_cache_read"] > 10 * max(off["cross_session_cache_read"], 1)
 
 
+def check_openai_gateway(s: dict) -> None:
+    assert list(s) == ["order-1", "order-2"]
+    for run in s.values():
+        assert run["actions"] == ["lookup", "calculator", "answer"]
+        assert len(run["workers"]) == 1  # every step of a session through the gateway on one worker
+        cached, inputs = run["cache_read"], run["input"]
+        assert all(0 < c < i for c, i in zip(cached[1:], inputs[1:]))
+        assert cached[1:] == inputs[:-1]  # each step reads the whole previous prompt from the cache
+
+
 CHECKS = {
     "react_agent": check_react_agent,
     "reflexion_agent": check_reflexion_agent,
     "multi_worker_routing": check_multi_worker_routing,
+    "openai_gateway": check_openai_gateway,
 }
 
 
