@@ -70,13 +70,24 @@ def series(router: Router) -> int:
 
 
 def deployment_keys(client: redis.Redis, prefix: str) -> tuple[int, int]:
-    """(keys of the deployment, those without a TTL)."""
-    names = list(client.scan_iter(match=keys.tag(prefix) + ":*", count=1000))
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.pttl(name)
-    ttls = pipe.execute()
-    return len(names), sum(1 for t in ttls if t == -1)
+    """(keys of the deployment, those without a TTL), read in batches of 1,000: the count itself
+    must not hold every key name at once, or the process's RSS would grow with the keys counted."""
+    total = no_ttl = 0
+    batch: list[bytes] = []
+
+    def count(names: list[bytes]) -> int:
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.pttl(name)
+        return sum(1 for t in pipe.execute() if t == -1)
+
+    for name in client.scan_iter(match=keys.tag(prefix) + ":*", count=1000):
+        batch.append(name)
+        if len(batch) == 1000:
+            total, no_ttl, batch = total + len(batch), no_ttl + count(batch), []
+    if batch:
+        total, no_ttl = total + len(batch), no_ttl + count(batch)
+    return total, no_ttl
 
 
 def stats_ms(router: Router, now: float) -> float:
