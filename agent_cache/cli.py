@@ -175,7 +175,7 @@ def _serve(args: argparse.Namespace) -> int:
             infer_sessions=not args.no_infer_sessions, max_concurrency=args.max_concurrency,
             max_body_bytes=args.max_body_bytes, timeout=args.timeout, max_attempts=args.max_attempts,
             extra_fields=frozenset(f.strip() for f in (args.extra_fields or "").split(",") if f.strip()),
-            worker_api_key=environment.value(environment.API_KEY),
+            worker_api_key=environment.value(environment.API_KEY), first_byte_floor=args.first_byte_floor,
         )
         app = create_app(config)
     except ConfigError as exc:
@@ -223,6 +223,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--timeout", type=_positive(float), default=gw.DEFAULT_TIMEOUT,
                    help="seconds a worker may take to answer or to send its next stream event (default %(default)s)")
     p.add_argument("--max-attempts", type=_positive(int), default=3, help="tries per call across workers")
+    p.add_argument("--first-byte-floor", type=_positive(float), default=5.0,
+                   help="a streamed call's first attempt waits 3 x the worker's recent p95 time to first byte, "
+                        "at least this many seconds, before trying another worker (default %(default)s)")
     p.add_argument("--extra-fields", metavar="NAME,...",
                    help="request fields to pass through unchecked (fields of a newer SGLang)")
     p.add_argument("--drain-timeout", type=_positive(float), default=30.0,

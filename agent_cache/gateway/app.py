@@ -128,7 +128,7 @@ class Gateway:
         self.config = config
         self.router = router if router is not None else Router(
             config.workers, redis_url=config.redis_url, prefix=config.prefix, probe_interval=config.probe_interval,
-            max_attempts=config.max_attempts)
+            max_attempts=config.max_attempts, first_byte_floor=config.first_byte_floor)
         self.registry = TemplateRegistry(self.router.store)
         self.metrics = _process_metrics()
         self._templaters: dict[str, Templater] = {}
@@ -258,7 +258,14 @@ class Gateway:
             worker = attempt.placement.worker
             usage: Usage | None = None
             done = False
-            async for line in self.upstream.stream(worker, call.path, call.body):
+            # the first attempt waits the worker's adaptive first-byte deadline (a hung worker is left
+            # after a few of its usual times to first byte); a retry waits the full --timeout
+            wait = self.router.first_byte.deadline(worker, self.config.timeout) if len(current) == 1 else None
+            sent, first = time.monotonic(), True
+            async for line in self.upstream.stream(worker, call.path, call.body, first_byte_timeout=wait):
+                if first:
+                    self.router.first_byte.observe(worker, time.monotonic() - sent)
+                    first = False
                 if line.startswith(b"data:"):
                     payload = line[5:].strip()
                     if payload == b"[DONE]":

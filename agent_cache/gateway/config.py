@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 from agent_cache.backends.request_check import TENANT_FIELDS
 from agent_cache.errors import ConfigError
 from agent_cache.routing.config import check_tenant
+from agent_cache.routing.first_byte import DEFAULT_FLOOR
 from agent_cache.store.base import DEFAULT_PREFIX
 from agent_cache.templates.templater import TemplateMode
 
@@ -83,6 +84,7 @@ class GatewayConfig:
     probe_interval: float | None = 5.0
     extra_fields: frozenset[str] = field(default_factory=frozenset)  # request fields passed through unchecked
     worker_api_key: str | None = field(default=None, repr=False)  # the workers' --api-key, sent to them
+    first_byte_floor: float = DEFAULT_FLOOR  # the shortest adaptive first-byte deadline of a streamed call
 
     def __post_init__(self) -> None:
         if not self.workers:

@@ -9,7 +9,8 @@ errors as :mod:`agent_cache.backends.sglang`.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncGenerator
+import contextlib
+from typing import Any, AsyncGenerator, AsyncIterator
 
 import aiohttp
 
@@ -59,14 +60,33 @@ class Upstream:
             raise http_error(response.status, content, worker)
         return content
 
-    async def stream(self, worker: str, path: str, body: bytes) -> AsyncGenerator[bytes, None]:
-        """Streamed :meth:`post`: the response's lines as they arrive, each with its line ending."""
+    async def stream(self, worker: str, path: str, body: bytes,
+                     first_byte_timeout: float | None = None) -> AsyncGenerator[bytes, None]:
+        """Streamed :meth:`post`: the response's lines as they arrive, each with its line ending.
+
+        ``first_byte_timeout``: seconds for the worker to answer and send its first line (a hung
+        worker accepts the connection and sends nothing); later lines wait the session's timeout.
+        """
         try:
-            async with self._http().post(worker + path, data=body, headers=_JSON) as response:
-                if response.status >= 400:
-                    raise http_error(response.status, await response.read(), worker)
+            async with contextlib.AsyncExitStack() as stack:
+
+                async def first_line() -> tuple[AsyncIterator[bytes], bytes | None]:
+                    response = await stack.enter_async_context(self._http().post(worker + path, data=body,
+                                                                                 headers=_JSON))
+                    if response.status >= 400:
+                        raise http_error(response.status, await response.read(), worker)
+                    lines = response.content.__aiter__()
+                    try:
+                        return lines, await lines.__anext__()
+                    except StopAsyncIteration:
+                        return lines, None
+
+                lines, first = await asyncio.wait_for(first_line(), first_byte_timeout)
+                if first is None:
+                    return
+                yield first
                 try:
-                    async for line in response.content:
+                    async for line in lines:
                         yield line
                 except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                     raise StreamError(f"stream broke: {exc!s}", url=worker) from exc

@@ -65,6 +65,7 @@ class _Call:
     include_usage: bool
     original: list[dict[str, Any]]  # the messages as the agent produced them (for a trace)
     tools: list[dict[str, Any]] | None
+    attempts: int = 0  # attempts sent so far
 
 
 def _env_secret(name: str) -> SecretStr | None:
@@ -415,10 +416,17 @@ class ChatSGLang(BaseChatModel):
             "routing": placement.outcome,
         }
 
-    def _read_timeout(self) -> float | None:
-        """Longest wait for the worker's next bytes (the first token included) in a streamed call."""
+    def _read_timeout(self, call: _Call, worker: str) -> float | None:
+        """Longest wait for the worker's next bytes (the first token included) in a streamed call.
+
+        The first attempt waits the worker's adaptive deadline (routing/first_byte.py), so a hung
+        worker is left after a few of its usual times to first token; a retry waits the full
+        timeout/stall_timeout, so a prompt that legitimately takes longer still gets its answer.
+        """
         bounds = [t for t in (self.timeout, self.stall_timeout) if t is not None]
-        return min(bounds) if bounds else None
+        cap = min(bounds) if bounds else None
+        call.attempts += 1
+        return self._router.first_byte.deadline(worker, cap) if call.attempts == 1 else cap
 
     def _lifecycle(self, call: _Call) -> CallLifecycle:
         # after a failure the next try may use a worker whose breaker is open: the
@@ -513,14 +521,17 @@ class ChatSGLang(BaseChatModel):
         """One streamed attempt: chunks go to the caller (``live``) or are kept for the whole message."""
         state: dict[str, Any] = {}
         chunks: list[ChatGenerationChunk] = []
-        raw_chunks = self._client(attempt.placement.worker).stream_chat(
-            call.messages, model=call.model, include_usage=call.include_usage, timeout=self._read_timeout(),
+        worker, sent = attempt.placement.worker, time.monotonic()
+        raw_chunks = self._client(worker).stream_chat(
+            call.messages, model=call.model, include_usage=call.include_usage, timeout=self._read_timeout(call, worker),
             **call.params
         )
         for raw in raw_chunks:
             out = self._track(state, raw)
             if out is None:
                 continue
+            if not chunks and not attempt.delivered:  # the first token: the worker's time to first byte
+                self._router.first_byte.observe(worker, time.monotonic() - sent)
             if run_manager:
                 run_manager.on_llm_new_token(out.text, chunk=out)
             if self._attempt_chunk(out, attempt, chunks, run_manager, live):
@@ -533,14 +544,17 @@ class ChatSGLang(BaseChatModel):
         """Async :meth:`_stream_attempt`."""
         state: dict[str, Any] = {}
         chunks: list[ChatGenerationChunk] = []
-        raw_chunks = self._aclient(attempt.placement.worker).stream_chat(
-            call.messages, model=call.model, include_usage=call.include_usage, timeout=self._read_timeout(),
+        worker, sent = attempt.placement.worker, time.monotonic()
+        raw_chunks = self._aclient(worker).stream_chat(
+            call.messages, model=call.model, include_usage=call.include_usage, timeout=self._read_timeout(call, worker),
             **call.params
         )
         async for raw in raw_chunks:
             out = self._track(state, raw)
             if out is None:
                 continue
+            if not chunks and not attempt.delivered:  # the first token: the worker's time to first byte
+                self._router.first_byte.observe(worker, time.monotonic() - sent)
             if run_manager:
                 await run_manager.on_llm_new_token(out.text, chunk=out)
             if self._attempt_chunk(out, attempt, chunks, run_manager, live):

@@ -41,6 +41,7 @@ from agent_cache.routing.config import (
 )
 from agent_cache.routing.degraded import StoreAvailability, logger
 from agent_cache.placement.hashing import pool_for_session, rendezvous_pick
+from agent_cache.routing.first_byte import DEFAULT_FACTOR, DEFAULT_FLOOR, FirstByteDeadlines
 from agent_cache.routing.health import HealthTracker
 from agent_cache.routing.lifecycle import CallLifecycle
 from agent_cache.routing.metrics import RouterMetrics
@@ -133,6 +134,8 @@ class Router:
         clock: Callable[[], float] = time.time,
         release_delay: float = DEFAULT_RELEASE_DELAY,
         lease: float = DEFAULT_LEASE,
+        first_byte_floor: float = DEFAULT_FLOOR,
+        first_byte_factor: float = DEFAULT_FACTOR,
     ) -> None:
         self._workers: list[WorkerConfig] = parse_workers(workers)
         self._pools = parse_pools(pools, {w.pool for w in self._workers})
@@ -169,6 +172,8 @@ class Router:
         self._renewer = Flusher(lease / 3, self._renew_loop, "agent-cache-lease") if remote else None
         self._lock = threading.Lock()
         self.health = HealthTracker(failure_threshold, cooldown)
+        # a streamed call's wait for a worker's next bytes, from its recent times to first token
+        self.first_byte = FirstByteDeadlines(first_byte_floor, first_byte_factor)
         self.availability = StoreAvailability()
         self.metrics = RouterMetrics(registry)
         self._clock = clock
@@ -202,6 +207,7 @@ class Router:
         with self._lock:
             self._workers = [w for w in self._workers if w.url != url.rstrip("/")]
         self.health.forget(url)
+        self.first_byte.forget(url.rstrip("/"))
 
     def drain(self, url: str) -> None:
         """No new sessions; pinned ones move on their next call (reason ``draining``)."""

@@ -481,3 +481,31 @@ def test_tenant_owned_fields_cannot_be_passed_through_or_collide(procs, fleet, t
                        ("/generate", {"text": "x", "custom_logit_processor": "code"})):
         r = httpx.post(gw.urls[0] + path, json=body, headers={"authorization": "Bearer sk-a"})
         assert r.status_code == 400 and r.json()["error"]["param"] in ("rid", "custom_logit_processor"), r.text
+
+
+def test_a_hung_worker_is_left_after_its_first_byte_deadline(procs):
+    from agent_cache.bench.realfleet import SimWorkers
+
+    workers = SimWorkers(procs, 2, time_scale=0.0, capacity_tokens=100_000)
+    gw = AgentCacheGateways(procs, workers.urls, redis_url=REDIS,
+                            args=["--prefix", f"t-{uuid.uuid4().hex[:10]}", "--first-byte-floor", "1"])
+    url = gw.urls[0] + "/v1/chat/completions"
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "stream": True}
+
+    def step() -> tuple[str, float]:
+        t0 = time.perf_counter()
+        with httpx.stream("POST", url, json=body, headers={"x-session-id": "hang-1"}, timeout=60) as r:
+            assert r.status_code == 200
+            text = "".join(r.iter_lines())
+        assert "data: [DONE]" in text
+        return r.headers["x-agent-cache-worker"], time.perf_counter() - t0
+
+    home = {step()[0] for _ in range(10)}  # a record of first-byte times on the session's worker
+    assert len(home) == 1
+    hung = workers._procs[workers.urls.index(next(iter(home)))].popen  # noqa: SLF001 - the test owns it
+    hung.send_signal(signal.SIGSTOP)
+    try:
+        worker, took = step()
+        assert worker not in home and took < 1.0 + 0.2 + 3.0, took  # the floor, the backoff, the retry
+    finally:
+        hung.send_signal(signal.SIGCONT)

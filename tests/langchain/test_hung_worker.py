@@ -55,3 +55,35 @@ def test_steps_survive_a_hung_worker_within_the_stall_deadline_plus_a_retry() ->
             hung.send_signal(signal.SIGCONT)
             model.close()
             workers.close()
+
+
+def test_a_hung_worker_is_left_after_its_adaptive_first_byte_deadline() -> None:
+    """With the default 30 s stall_timeout, a worker with a record of fast first tokens is given up
+    on after the first-byte floor (1 s here), not after 30 s."""
+    from agent_cache.routing import Router
+
+    with Processes() as procs:
+        workers = SimWorkers(procs, 2, time_scale=0.0, capacity_tokens=100_000)
+        router = Router(workers.urls, probe_interval=None, first_byte_floor=1.0)
+        model = ChatSGLang(model="sim", router=router, max_tokens=8)
+        assert model.stall_timeout == 30.0
+        history = [SystemMessage(SYSTEM), HumanMessage("step 0")]
+        first = model.invoke(history, session_id="agent-2")
+        home = first.response_metadata["worker"]
+        for k in range(10):  # a record of times to first token on the session's worker
+            assert model.invoke(history + [HumanMessage(f"warm {k}")], session_id="agent-2") \
+                .response_metadata["worker"] == home
+        assert router.first_byte.deadline(home, 30.0) == 1.0  # 3 x its p95 is far under the floor
+        hung = _frozen(workers, home)
+        hung.send_signal(signal.SIGSTOP)
+        try:
+            t0 = time.perf_counter()
+            msg = model.invoke(history + [HumanMessage("after the freeze")], session_id="agent-2")
+            took = time.perf_counter() - t0
+            assert msg.response_metadata["worker"] != home
+            assert took < 1.0 + 0.2 + 3.0, took  # the floor, the backoff, the retry: not 30 s
+        finally:
+            hung.send_signal(signal.SIGCONT)
+            model.close()
+            router.close()
+            workers.close()

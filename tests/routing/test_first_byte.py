@@ -1,0 +1,37 @@
+"""The adaptive first-byte deadline: a few times a worker's recent time to first token, bounded."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_cache.errors import ConfigError
+from agent_cache.routing.first_byte import FirstByteDeadlines
+
+
+def test_the_caller_timeout_applies_until_a_worker_has_a_record() -> None:
+    d = FirstByteDeadlines(floor=2.0, factor=3.0, min_samples=4)
+    for _ in range(3):
+        d.observe("w", 0.1)
+    assert d.deadline("w", 30.0) == 30.0 and d.deadline("other", None) is None
+    d.observe("w", 0.1)
+    assert d.deadline("w", 30.0) == 2.0  # 3 x 0.1 s is under the floor
+
+
+def test_the_deadline_follows_the_95th_percentile_and_stays_under_the_cap() -> None:
+    d = FirstByteDeadlines(floor=1.0, factor=3.0, window=20, min_samples=4)
+    for t in [0.5] * 18 + [4.0, 4.0]:
+        d.observe("w", t)
+    assert d.deadline("w", 60.0) == pytest.approx(12.0)  # the p95 of 20 samples is the 19th: 4 s
+    assert d.deadline("w", 10.0) == 10.0
+    for _ in range(20):  # the window forgets the slow calls
+        d.observe("w", 0.5)
+    assert d.deadline("w", 60.0) == pytest.approx(1.5)
+    d.forget("w")
+    assert d.deadline("w", 60.0) == 60.0
+
+
+def test_bad_options_name_the_field() -> None:
+    with pytest.raises(ConfigError, match="first_byte_floor"):
+        FirstByteDeadlines(floor=0)
+    with pytest.raises(ConfigError, match="first_byte_factor"):
+        FirstByteDeadlines(factor=0.5)
