@@ -234,8 +234,10 @@ class SimServer:
         progress: asyncio.Queue[int] = asyncio.Queue()
         task = asyncio.ensure_future(self.engine.serve(prompt_ids, output_ids, max_new_tokens=max_tokens,
                                                        extra_key=key, on_token=progress))
+        # SGLang sends the role chunk with the first generated output, i.e. after the prefill
+        # (serving_chat._generate_chat_stream), so a client's first byte comes at the first token
+        role = chunk({"role": "assistant", "content": ""})
         try:
-            yield chunk({"role": "assistant", "content": ""})
             sent = 0
             calls_sent = False
             while sent < len(output_ids):
@@ -246,6 +248,8 @@ class SimServer:
                     task.result()  # re-raise the engine's error, if any
                     break
                 upto = getter.result()
+                if sent == 0:
+                    yield role
                 if tool_calls:
                     if not calls_sent:
                         for i, call in enumerate(tool_calls):
@@ -260,6 +264,8 @@ class SimServer:
                         yield chunk({"content": piece})
                 sent = upto
             cached, _ = await task
+            if sent == 0:  # no token generated (max_tokens 0): the role chunk still opens the answer
+                yield role
             yield chunk({}, finish, matched_stop=matched)
             if include_usage:
                 usage = _usage(self.engine, len(prompt_ids), len(output_ids), cached)

@@ -254,3 +254,24 @@ def test_bad_input_gets_sglang_errors(worker: str) -> None:
                               json={"messages": [{"role": "user", "content": "word " * 200}]})
         assert too_long.status_code == 400
         assert "max_total_num_tokens=100" in too_long.json()["message"]
+
+
+def test_the_stream_opens_with_the_first_token_not_before_the_prefill() -> None:
+    """SGLang sends the role chunk with the first generated output: a client's first byte comes
+    after the prefill (serving_chat._generate_chat_stream), here about 0.2 s for 8k cold tokens."""
+    import time
+
+    with SimFleet(1, time_scale=1.0) as fleet:
+        body = {"model": "m", "messages": [{"role": "user", "content": "word " * 8000}], "max_tokens": 4,
+                "stream": True}
+        t0 = time.monotonic()
+        arrivals = []
+        with httpx.stream("POST", fleet.urls[0] + "/v1/chat/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    arrivals.append((time.monotonic() - t0, json.loads(line[6:])))
+        first_at, first = arrivals[0]
+        assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        content_at = next(t for t, c in arrivals if c["choices"] and c["choices"][0]["delta"].get("content"))
+        assert first_at > 0.1  # the prefill of 8k tokens came first
+        assert content_at - first_at < 0.05  # the role chunk and the first token arrive together
