@@ -145,12 +145,17 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_stats(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("stats", help="the live picture from the metadata store: workers, sessions, templates, hit rates")
+def _add_deployment_args(p: argparse.ArgumentParser) -> None:
+    """``--redis`` (required unless $AGENT_CACHE_REDIS_URL is set) and ``--prefix``: the deployment to read."""
     default = environment.value(environment.REDIS_URL)
     p.add_argument("--redis", required=default is None, default=default, metavar="URL",
                    help=f"redis://host:6379/0, as given to ChatSGLang (default: ${environment.REDIS_URL})")
     p.add_argument("--prefix", default="agent-cache", help="key prefix of the deployment (default agent-cache)")
+
+
+def _add_stats(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("stats", help="the live picture from the metadata store: workers, sessions, templates, hit rates")
+    _add_deployment_args(p)
     p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
     p.set_defaults(func=_stats)
 
@@ -270,10 +275,7 @@ def _metrics_server(args: argparse.Namespace) -> int:
 def _add_metrics_server(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("metrics-server", help="serve the metadata store's picture (sessions, load, hit rates per "
                                               "worker) as Prometheus metrics")
-    default = environment.value(environment.REDIS_URL)
-    p.add_argument("--redis", required=default is None, default=default, metavar="URL",
-                   help=f"the deployment's Redis (default: ${environment.REDIS_URL})")
-    p.add_argument("--prefix", default="agent-cache", help="key prefix of the deployment (default agent-cache)")
+    _add_deployment_args(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9464)
     p.set_defaults(func=_metrics_server)

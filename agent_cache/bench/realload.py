@@ -112,6 +112,17 @@ class _Reply:
     output_tokens: int
 
 
+def _served_by(resp: httpx.Response, base: str) -> str:
+    """The worker that served a call: named by the gateway in front of it (smg's or ours), else ``base``."""
+    return (resp.headers.get(ROUTED_WORKER_HEADER) or resp.headers.get(GATEWAY_WORKER_HEADER) or base).rstrip("/")
+
+
+def _transport_error(exc: httpx.HTTPError, base: str) -> AgentCacheError:
+    if isinstance(exc, httpx.TimeoutException):
+        return WorkerTimeoutError(f"timed out: {type(exc).__name__}", url=base)
+    return WorkerConnectionError(f"cannot reach {base}: {exc!s}", url=base)
+
+
 class ChatClient:
     """Sends one chat completion (streamed unless ``stream=False``) and measures it."""
 
@@ -135,8 +146,7 @@ class ChatClient:
                                         headers=headers) as resp:
                 if resp.status_code >= 400:
                     raise http_error(resp.status_code, await resp.aread(), base)
-                worker = (resp.headers.get(ROUTED_WORKER_HEADER) or resp.headers.get(GATEWAY_WORKER_HEADER)
-                          or base).rstrip("/")
+                worker = _served_by(resp, base)
                 done = False
                 async for line in resp.aiter_lines():
                     payload = sse_payload(line)
@@ -156,10 +166,8 @@ class ChatClient:
                         usage = chunk.usage
                 if not done:
                     raise StreamError("stream ended without data: [DONE]", url=base)
-        except httpx.TimeoutException as exc:
-            raise WorkerTimeoutError(f"timed out: {type(exc).__name__}", url=base) from exc
         except httpx.HTTPError as exc:
-            raise WorkerConnectionError(f"cannot reach {base}: {exc!s}", url=base) from exc
+            raise _transport_error(exc, base) from exc
         if usage is None:
             raise MalformedResponseError("no usage chunk in the stream", url=base)
         return _Reply(worker, t_first or time.monotonic(), usage.prompt_tokens, usage.cached_tokens or 0,
@@ -169,18 +177,15 @@ class ChatClient:
         """A non-streamed call: its first token is its whole answer."""
         try:
             resp = await self.http.post(base + "/v1/chat/completions", json=body, headers=headers)
-        except httpx.TimeoutException as exc:
-            raise WorkerTimeoutError(f"timed out: {type(exc).__name__}", url=base) from exc
         except httpx.HTTPError as exc:
-            raise WorkerConnectionError(f"cannot reach {base}: {exc!s}", url=base) from exc
+            raise _transport_error(exc, base) from exc
         if resp.status_code >= 400:
             raise http_error(resp.status_code, resp.content, base)
         result = parse_chat(decode_json(resp.content, base, "chat completion"), base)
         if result.usage is None:
             raise MalformedResponseError("no usage in the response", url=base)
-        worker = (resp.headers.get(ROUTED_WORKER_HEADER) or resp.headers.get(GATEWAY_WORKER_HEADER) or base)
         usage = result.usage
-        return _Reply(worker.rstrip("/"), time.monotonic(), usage.prompt_tokens, usage.cached_tokens or 0,
+        return _Reply(_served_by(resp, base), time.monotonic(), usage.prompt_tokens, usage.cached_tokens or 0,
                       usage.completion_tokens)
 
     async def aclose(self) -> None:

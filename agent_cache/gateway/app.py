@@ -44,7 +44,7 @@ from agent_cache.gateway.config import ApiKey, GatewayConfig, key_digest
 from agent_cache.gateway.upstream import Upstream
 from agent_cache.gateway.requests import CHAT, COMPLETIONS, GENERATE, GatewayCall, find_session, parse_json_body, prepare
 from agent_cache.routing.conversation import conversation_session
-from agent_cache.routing.lifecycle import Attempt, CallLifecycle
+from agent_cache.routing.lifecycle import RETRY_BACKOFF, Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, Router
 from agent_cache.templates import Templater, TemplateRegistry
 from agent_cache.templates.templater import encoder
@@ -55,7 +55,6 @@ WORKER_HEADER = "x-agent-cache-worker"
 SESSION_HEADER = "x-agent-cache-session"
 POOL_HEADER = "x-agent-cache-pool"
 _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")  # printable ASCII stays as it is
-_RETRY_BASE = 0.2  # seconds before the second attempt, doubling after
 _NO_KEY = ApiKey("default")
 _PROMPT_FIELD = {CHAT: "messages", COMPLETIONS: "prompt", GENERATE: "text"}
 BODY_TIMEOUT = 60.0  # seconds a client may take to send its request body
@@ -181,7 +180,7 @@ class Gateway:
         self.metrics.inflight.dec()
 
     def _lifecycle(self, call: GatewayCall) -> CallLifecycle:
-        return CallLifecycle(self.router, call.route, max_attempts=self.config.max_attempts, backoff=_RETRY_BASE,
+        return CallLifecycle(self.router, call.route, max_attempts=self.config.max_attempts, backoff=RETRY_BACKOFF,
                              last_resort=True)
 
     def _served(self, call: GatewayCall, placement: Placement) -> None:

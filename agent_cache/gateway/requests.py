@@ -113,9 +113,9 @@ def prepare(path: str, body: dict[str, Any], *, grant: ApiKey, extra_key: str | 
     if shared:
         for name in SHARED_REFUSED & body.keys():
             raise ConfigError(name, "not accepted by a gateway serving several tenants (--api-keys)")
-    dropped = OPENAI_ONLY_FIELDS if path != GENERATE else frozenset()
-    params = {k: v for k, v in body.items() if k not in dropped and k not in extra_fields}
-    fields = _FIELDS[path] | extra_fields
+    dropped = (OPENAI_ONLY_FIELDS if path != GENERATE else frozenset()) - extra_fields
+    params = {k: v for k, v in body.items() if k not in dropped}
+    fields = _FIELDS[path] | extra_fields  # accepted as they are (none is a field the gateway sets)
     stream = bool(body.get("stream"))
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -153,8 +153,6 @@ def prepare(path: str, body: dict[str, Any], *, grant: ApiKey, extra_key: str | 
         params["extra_key"] = extra_key
     if stream and path != GENERATE:
         params["stream_options"] = {**(options or {}), "include_usage": True}  # the router needs the usage
-    for name in extra_fields & body.keys():
-        params[name] = body[name]
     route = RouteRequest(session_id=session, template_id=template_id, tenant=grant.tenant,
                          pool=grant.pool or pool, prompt_tokens_estimate=tokens)
     return GatewayCall(path, _encode(params), route, stream, include_usage or path == GENERATE, prompt)

@@ -34,7 +34,7 @@ from agent_cache.backends.request_check import check_chat_request
 from agent_cache.backends.sglang import AsyncSGLangClient, SGLangClient, normalize_worker_url
 from agent_cache.errors import ConfigError, TemplateError
 from agent_cache.routing.config import check_tenant
-from agent_cache.routing.lifecycle import Attempt, CallLifecycle
+from agent_cache.routing.lifecycle import RETRY_BACKOFF, Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.templates import NormalizedPrompt, Templater, TemplateRegistry
 from agent_cache.templates.templater import encoder
@@ -42,7 +42,6 @@ from agent_cache.traces import TraceWriter
 from agent_cache.langchain.messages import to_ai_chunk, to_openai_messages, usage_metadata
 from agent_cache.langchain.sessions import conversation_session, resolve_session_id, session_from_config
 
-_RETRY_BASE = 0.2  # seconds; doubles per attempt
 DEFAULT_PROBE_INTERVAL = 5.0  # active /health probes when there is more than one worker to fail over to
 
 # kwargs of a call that configure this model rather than the request body
@@ -431,7 +430,7 @@ class ChatSGLang(BaseChatModel):
     def _lifecycle(self, call: _Call) -> CallLifecycle:
         # after a failure the next try may use a worker whose breaker is open: the
         # evidence may be stale (a restart), and the backoff paces the trial
-        return CallLifecycle(self._router, call.request, max_attempts=self.max_retries + 1, backoff=_RETRY_BASE,
+        return CallLifecycle(self._router, call.request, max_attempts=self.max_retries + 1, backoff=RETRY_BACKOFF,
                              last_resort=True)
 
     # --- non-streaming ------------------------------------------------------------

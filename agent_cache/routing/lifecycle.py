@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 Y = TypeVar("Y")
 
+RETRY_BACKOFF = 0.2  # seconds before a call's second attempt, doubling after (ChatSGLang and the gateway)
+
 
 # --- the steps the flow asks for --------------------------------------------------------
 

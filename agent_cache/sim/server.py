@@ -13,6 +13,7 @@ worker that answers it for vLLM.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any, AsyncIterator, Mapping
@@ -158,6 +159,20 @@ class SimServer:
             routes.append(Route("/metrics", self.metrics, methods=["GET"]))
         return routes
 
+    @contextlib.asynccontextmanager
+    async def _serving(self, prompt_ids: list[int], output_ids: list[int], max_new_tokens: int | None,
+                       key: str | None) -> AsyncIterator[tuple["asyncio.Queue[int]", "asyncio.Task[tuple[int, float]]"]]:
+        """The engine serving one streamed request: its progress (output tokens so far after each pass)
+        and its result; cancelled if the stream ends first (the client went away)."""
+        progress: asyncio.Queue[int] = asyncio.Queue()
+        task = asyncio.ensure_future(self.engine.serve(prompt_ids, output_ids, max_new_tokens=max_new_tokens,
+                                                       extra_key=key, on_token=progress))
+        try:
+            yield progress, task
+        finally:
+            if not task.done():
+                task.cancel()
+
     # --- chat -----------------------------------------------------------------
 
     async def chat(self, request: Request) -> Response:
@@ -231,13 +246,10 @@ class SimServer:
             data = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice], "usage": None}
             return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
 
-        progress: asyncio.Queue[int] = asyncio.Queue()
-        task = asyncio.ensure_future(self.engine.serve(prompt_ids, output_ids, max_new_tokens=max_tokens,
-                                                       extra_key=key, on_token=progress))
         # SGLang sends the role chunk with the first generated output, i.e. after the prefill
         # (serving_chat._generate_chat_stream), so a client's first byte comes at the first token
         role = chunk({"role": "assistant", "content": ""})
-        try:
+        async with self._serving(prompt_ids, output_ids, max_tokens, key) as (progress, task):
             sent = 0
             calls_sent = False
             while sent < len(output_ids):
@@ -272,9 +284,6 @@ class SimServer:
                 data = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": usage}
                 yield b"data: " + json.dumps(data).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
-        finally:
-            if not task.done():
-                task.cancel()
 
     # --- /v1/completions (serving_completions.py) -----------------------------
 
@@ -319,10 +328,7 @@ class SimServer:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         async def events() -> AsyncIterator[bytes]:
-            progress: asyncio.Queue[int] = asyncio.Queue()
-            task = asyncio.ensure_future(self.engine.serve(prompt_ids, output_ids, max_new_tokens=max_tokens,
-                                                           extra_key=key, on_token=progress))
-            try:
+            async with self._serving(prompt_ids, output_ids, max_tokens, key) as (progress, task):
                 sent = 0
                 while sent < len(output_ids):
                     upto = await progress.get()
@@ -336,9 +342,6 @@ class SimServer:
                     usage = _usage(self.engine, len(prompt_ids), len(output_ids), cached)
                     yield b"data: " + json.dumps(data([], usage)).encode() + b"\n\n"
                 yield b"data: [DONE]\n\n"
-            finally:
-                if not task.done():
-                    task.cancel()
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -398,10 +401,7 @@ class SimServer:
             return JSONResponse(result(cached, len(output_ids), 0, True))
 
         async def events() -> AsyncIterator[bytes]:
-            progress: asyncio.Queue[int] = asyncio.Queue()
-            task = asyncio.ensure_future(self.engine.serve(prompt_ids, output_ids, max_new_tokens=max_new,
-                                                           extra_key=key, on_token=progress))
-            try:
+            async with self._serving(prompt_ids, output_ids, max_new, key) as (progress, task):
                 sent = 0
                 while sent < len(output_ids) - 1:
                     upto = await progress.get()
@@ -412,9 +412,6 @@ class SimServer:
                 cached, _ = await task
                 yield b"data: " + json.dumps(result(cached, len(output_ids), sent, True)).encode() + b"\n\n"
                 yield b"data: [DONE]\n\n"
-            finally:
-                if not task.done():
-                    task.cancel()
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
