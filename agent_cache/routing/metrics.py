@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Iterator
+from typing import Any, Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
@@ -94,8 +94,18 @@ class RouterMetrics:
         )  # fmt: skip
         self.failovers = Counter("agent_cache_failovers", "Calls retried on another worker", ["worker"], registry=r)
         self.degraded = Gauge("agent_cache_store_degraded", "1 while routing without the store", registry=r)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         if registry is None:
             PROCESS_ROUTERS.add(self)
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, kept: the call path asks for the same few on every call
+        (labels are bounded: workers, outcomes, ``max_template_labels`` templates)."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def template_label(self, template_id: str | None) -> str:
         """The ``template`` label of a template id: itself while labels last, then ``other``."""

@@ -159,6 +159,9 @@ class Router:
         self.default_capacity = default_capacity
         self._capacity: dict[str, int] = dict(capacities or {})
         self._draining: set[str] = set()
+        # the pools' worker specs as routes send them, kept until the configuration changes
+        self._specs_memo: dict[tuple[Any, ...], tuple[WorkerSpec, ...]] = {}
+        self._config_version = 0
         # in-flight counts placed through the store but not yet released there:
         # deferred to the next store write, or owed while the store is unreachable
         self._pending = PendingReleases()
@@ -200,21 +203,29 @@ class Router:
             if any(w.url == spec.url for w in self._workers):
                 raise ConfigError("worker", f"{spec.url} is already configured")
             self._workers = [*self._workers, spec]
+            self._config_changed()
         return spec.url
 
     def remove_worker(self, url: str) -> None:
         """Remove a worker; only its sessions move (reason ``removed``) on their next call."""
         with self._lock:
             self._workers = [w for w in self._workers if w.url != url.rstrip("/")]
+            self._config_changed()
         self.health.forget(url)
         self.first_byte.forget(url.rstrip("/"))
 
     def drain(self, url: str) -> None:
         """No new sessions; pinned ones move on their next call (reason ``draining``)."""
         self._draining.add(url.rstrip("/"))
+        self._config_changed()
 
     def undrain(self, url: str) -> None:
         self._draining.discard(url.rstrip("/"))
+        self._config_changed()
+
+    def _config_changed(self) -> None:
+        self._config_version += 1
+        self._specs_memo = {}
 
     def extra_key_for(self, tenant: str) -> str | None:
         """SGLang ``extra_key`` that keeps one tenant's cache entries apart from another's."""
@@ -233,9 +244,19 @@ class Router:
     # --- routing --------------------------------------------------------------------
 
     def _specs(self, pool: str, exclude: set[str]) -> tuple[WorkerSpec, ...]:
+        workers = self._workers
+        down = self.health.down(w.url for w in workers)
+        key = (pool, frozenset(exclude) if exclude else None, frozenset(down) if down else None,
+               self._config_version, self.default_capacity)
+        specs = self._specs_memo.get(key)
+        if specs is None:
+            if len(self._specs_memo) >= 256:  # exclusions and open breakers come and go: stay bounded
+                self._specs_memo = {}
+            specs = self._specs_memo[key] = self._make_specs([w for w in workers if w.pool == pool], exclude, down)
+        return specs
+
+    def _make_specs(self, members: list[WorkerConfig], exclude: set[str], down: set[str]) -> tuple[WorkerSpec, ...]:
         out = []
-        members = [w for w in self._workers if w.pool == pool]
-        down = self.health.down(w.url for w in members)
         for w in members:
             if w.url in exclude or w.url in down:
                 state = DOWN
@@ -263,8 +284,8 @@ class Router:
         return self._placed(request, query, worker, "degraded", 0)
 
     def _placed(self, request: RouteRequest, query: RouteQuery, worker: str, outcome: str, epoch: int) -> Placement:
-        self.metrics.decisions.labels(outcome).inc()
-        self.metrics.inflight.labels(worker).inc()
+        self.metrics.child(self.metrics.decisions, outcome).inc()
+        self.metrics.child(self.metrics.inflight, worker).inc()
         return Placement(worker, outcome, epoch, query.session_id, request.tenant, request.template_id, query.pool)
 
     def _from_result(self, request: RouteRequest, query: RouteQuery, result: Any) -> Placement:
@@ -306,7 +327,7 @@ class Router:
                 self.metrics.degraded.set(1)
             else:
                 self._pending.acknowledge(releases)
-                self.metrics.store_latency.labels("route").observe(time.perf_counter() - t0)
+                self.metrics.child(self.metrics.store_latency, "route").observe(time.perf_counter() - t0)
                 self.availability.succeeded()
                 self.metrics.degraded.set(0)
                 return self._from_result(request, query, result)
@@ -333,7 +354,7 @@ class Router:
 
     def _release_later(self, placement: Placement) -> bool:
         """Queue the release; True if the caller should write it now."""
-        self.metrics.inflight.labels(placement.worker).dec()
+        self.metrics.child(self.metrics.inflight, placement.worker).dec()
         if placement.outcome in _STORELESS:
             return False
         self._pending.add(placement.worker)
@@ -385,8 +406,8 @@ class Router:
     def _usage(self, placement: Placement, prompt_tokens: int, cached_tokens: int) -> UsageReport | None:
         """Count a successful call's usage in the metrics; the report for the store, if it takes one."""
         tid = self.metrics.template_label(placement.template_id)
-        self.metrics.prompt_tokens.labels(tid, placement.worker).inc(prompt_tokens)
-        self.metrics.cached_tokens.labels(tid, placement.worker).inc(cached_tokens)
+        self.metrics.child(self.metrics.prompt_tokens, tid, placement.worker).inc(prompt_tokens)
+        self.metrics.child(self.metrics.cached_tokens, tid, placement.worker).inc(cached_tokens)
         if placement.outcome in _STORELESS or self.availability.degraded:
             return None
         return UsageReport(placement.tenant, placement.session_id, placement.worker, placement.epoch,
@@ -487,7 +508,7 @@ class Router:
                 self.metrics.degraded.set(1)
             else:
                 self._pending.acknowledge(releases)
-                self.metrics.store_latency.labels("route").observe(time.perf_counter() - t0)
+                self.metrics.child(self.metrics.store_latency, "route").observe(time.perf_counter() - t0)
                 self.availability.succeeded()
                 self.metrics.degraded.set(0)
                 return self._from_result(request, query, result)
@@ -586,6 +607,7 @@ class Router:
                 return
             if isinstance(cap, int) and cap > 0:
                 self._capacity[w.url] = cap
+                self._config_changed()
 
     def _refresh_gauges(self) -> None:
         if self.availability.degraded:

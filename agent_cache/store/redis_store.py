@@ -20,6 +20,7 @@ from agent_cache.errors import ConfigError, StoreError, StoreUnavailableError
 from agent_cache.placement.rule import Policy
 from agent_cache.redact import redact_url
 from agent_cache.store import keys, lua
+from agent_cache.store.script_runner import AsyncScriptRunner, RedisAddress, Script, ScriptRunner
 from agent_cache.store.base import (
     DEFAULT_PREFIX,
     DEFAULT_SESSION_TTL,
@@ -37,6 +38,8 @@ from agent_cache.store.base import (
 )
 
 T = TypeVar("T")
+ROUTE, REPORTS, ABANDON, RENEW, RELEASE = (Script.of(text) for text in (lua.ROUTE, lua.REPORTS, lua.ABANDON,
+                                                                         lua.RENEW, lua.RELEASE))
 _SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster")
 _UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 # Redis answers but cannot take writes (maxmemory reached under noeviction, a
@@ -174,14 +177,15 @@ class RedisStore:
         self._cluster = cluster or (url is not None and urlsplit(url).scheme.endswith("+cluster"))
         self._options = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout, **redis_options}
         self._client = client if client is not None else self._make_sync()
-        self._route = self._client.register_script(lua.ROUTE)
-        self._reports = self._client.register_script(lua.REPORTS)
-        self._abandon = self._client.register_script(lua.ABANDON)
-        self._renew = self._client.register_script(lua.RENEW)
-        self._release = self._client.register_script(lua.RELEASE)
+        self._registered = {script: self._client.register_script(script.text)
+                            for script in (ROUTE, REPORTS, ABANDON, RENEW, RELEASE)}
         self._aclient = async_client
         self._aloop: asyncio.AbstractEventLoop | None = None
-        self._ascripts: tuple[Any, Any, Any, Any] | None = None
+        self._aregistered: dict[Script, Any] | None = None
+        # the scripts run on a pipelined connection of their own where the URL allows (script_runner)
+        address = RedisAddress.from_url(url) if url is not None and client is None and not self._cluster else None
+        self._runner = ScriptRunner(address, socket_timeout) if address is not None else None
+        self._arunner: AsyncScriptRunner | None = None
 
     # --- clients -----------------------------------------------------------------
 
@@ -230,20 +234,31 @@ class RedisStore:
             return RedisCluster.from_url(self._url_for_client(), **opts)
         return aredis.Redis.from_url(self._url_for_client(), **opts)
 
-    def _async(self) -> tuple[Any, tuple[Any, Any, Any, Any]]:
+    def _async(self) -> Any:
         # An asyncio client is bound to the loop that created it.
         loop = asyncio.get_running_loop()
         if self._aclient is None or (self.url is not None and self._aloop is not loop):
             if self.url is None:
                 raise ConfigError("async_client", "pass async_client to use the async face without a URL")
             self._aclient = self._make_async()
-            self._ascripts = None
+            self._aregistered = None
+            if self._runner is not None:  # one made for another loop goes with that loop
+                self._arunner = AsyncScriptRunner(self._runner.address, self._runner.timeout)
             self._aloop = loop
-        if self._ascripts is None:
-            c = self._aclient
-            self._ascripts = (c.register_script(lua.ROUTE), c.register_script(lua.REPORTS),
-                              c.register_script(lua.RELEASE), c.register_script(lua.ABANDON))
-        return self._aclient, self._ascripts
+        return self._aclient
+
+    def _eval(self, script: Script, k: list[str], args: list[Any]) -> Any:
+        if self._runner is not None:
+            return self._call(lambda: self._runner.evalsha(script, k, args))  # type: ignore[union-attr]
+        return self._call(lambda: self._registered[script](keys=k, args=args))
+
+    async def _aeval(self, script: Script, k: list[str], args: list[Any]) -> Any:
+        client = self._async()
+        if self._arunner is not None:
+            return await self._acall(self._arunner.evalsha(script, k, args))
+        if self._aregistered is None:
+            self._aregistered = {s: client.register_script(s.text) for s in (ROUTE, REPORTS, ABANDON, RELEASE)}
+        return await self._acall(self._aregistered[script](keys=k, args=args))
 
     def _call(self, fn: Callable[[], T]) -> T:
         try:
@@ -303,13 +318,13 @@ class RedisStore:
         reports: Sequence[UsageReport] = (),
     ) -> RouteResult:
         k, a = self._route_args(query, policy, now, releases, lease, reports)
-        return self._route_result(self._call(lambda: self._route(keys=k, args=a)))
+        return self._route_result(self._eval(ROUTE, k, a))
 
     def renew(self, lease: Lease, held: Mapping[str, int], now: float, releases: Releases = None) -> None:
         truth = "".join(f"{url} {int(n)}\n" for url, n in held.items() if n > 0)
         args = [self._tag, to_ms(now), to_ms(lease.seconds), truth, *_release_args(releases, lease.source)]
         k = [keys.inflight(self.prefix)]
-        self._call(lambda: self._renew(keys=k, args=args))
+        self._eval(RENEW, k, args)
 
     def release(self, worker: str, now: float) -> None:
         self.release_many({worker: 1}, now)
@@ -318,7 +333,7 @@ class RedisStore:
         args = _release_args(releases)
         if args:
             k = [keys.inflight(self.prefix)]
-            self._call(lambda: self._release(keys=k, args=[self._tag, *args]))
+            self._eval(RELEASE, k, [self._tag, *args])
 
     def report(
         self,
@@ -338,12 +353,12 @@ class RedisStore:
     def report_many(self, reports: Sequence[UsageReport], now: float, releases: Releases = None) -> None:
         args = [self._tag, *self._reports_args(reports), *_release_args(releases)]
         k = [keys.inflight(self.prefix)]
-        self._call(lambda: self._reports(keys=k, args=args))
+        self._eval(REPORTS, k, args)
 
     def abandon(self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None,
                 now: float, releases: Releases = None) -> None:
         k, a = self._abandon_args(tenant, session_id, worker, epoch, template_id, releases)
-        self._call(lambda: self._abandon(keys=k, args=a))
+        self._eval(ABANDON, k, a)
 
     def get_session(self, tenant: str, session_id: str, now: float) -> dict[str, Any] | None:
         raw = self._call(lambda: self._client.hgetall(keys.session(self.prefix, tenant, session_id)))
@@ -403,6 +418,8 @@ class RedisStore:
 
     def close(self) -> None:
         self._client.close()
+        if self._runner is not None:
+            self._runner.close()
 
     # --- async face ---------------------------------------------------------------
 
@@ -410,9 +427,8 @@ class RedisStore:
         self, query: RouteQuery, policy: Policy, now: float, releases: Releases = None, lease: Lease | None = None,
         reports: Sequence[UsageReport] = (),
     ) -> RouteResult:
-        _, (route, _, _, _) = self._async()
         k, a = self._route_args(query, policy, now, releases, lease, reports)
-        return self._route_result(await self._acall(route(keys=k, args=a)))
+        return self._route_result(await self._aeval(ROUTE, k, a))
 
     async def arelease(self, worker: str, now: float) -> None:
         await self.arelease_many({worker: 1}, now)
@@ -420,9 +436,7 @@ class RedisStore:
     async def arelease_many(self, releases: ReleaseBatch | Mapping[str, int], now: float) -> None:
         args = _release_args(releases)
         if args:
-            _, (_, _, release, _) = self._async()
-            k = [keys.inflight(self.prefix)]
-            await self._acall(release(keys=k, args=[self._tag, *args]))
+            await self._aeval(RELEASE, [keys.inflight(self.prefix)], [self._tag, *args])
 
     async def areport(
         self,
@@ -440,29 +454,29 @@ class RedisStore:
                                              cached_tokens, now)], now, releases)
 
     async def areport_many(self, reports: Sequence[UsageReport], now: float, releases: Releases = None) -> None:
-        _, (_, report, _, _) = self._async()
         args = [self._tag, *self._reports_args(reports), *_release_args(releases)]
-        await self._acall(report(keys=[keys.inflight(self.prefix)], args=args))
+        await self._aeval(REPORTS, [keys.inflight(self.prefix)], args)
 
     async def aabandon(self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None,
                        now: float, releases: Releases = None) -> None:
-        _, (_, _, _, abandon) = self._async()
         k, a = self._abandon_args(tenant, session_id, worker, epoch, template_id, releases)
-        await self._acall(abandon(keys=k, args=a))
+        await self._aeval(ABANDON, k, a)
 
     async def aping(self) -> None:
-        client, _ = self._async()
-        await self._acall(client.ping())
+        await self._acall(self._async().ping())
 
     async def aclose(self) -> None:
         """Close the asyncio client (one made for another event loop went with that loop)."""
-        client, self._aclient, self._ascripts = self._aclient, None, None
+        client, self._aclient, self._aregistered = self._aclient, None, None
+        runner, self._arunner = self._arunner, None
         if client is None:
             return
         try:
             same_loop = self._aloop is asyncio.get_running_loop()
         except RuntimeError:
             same_loop = False
+        if same_loop and runner is not None:
+            runner.close()
         if self.url is None or same_loop:
             await client.aclose()
 
