@@ -25,7 +25,10 @@ import time
 import uuid
 
 from agent_cache.percentile import percentile
+import redis
+
 from agent_cache.routing.router import RouteRequest, Router
+from agent_cache.store.redis_store import RedisStore
 
 WORKERS = [f"http://10.0.0.{i}:30000" for i in range(1, 9)]  # never contacted: probes are off
 
@@ -101,8 +104,6 @@ def _measure(name: str, router: Router, args: argparse.Namespace, report: bool =
 
 
 def _evalsha_stats(url: str) -> dict[str, float]:
-    import redis
-
     client = redis.Redis.from_url(url)
     try:
         return dict(client.info("commandstats").get("cmdstat_evalsha", {"calls": 0, "usec": 0}))
@@ -112,8 +113,6 @@ def _evalsha_stats(url: str) -> dict[str, float]:
 
 def _redis_context(url: str, before: dict[str, float], after: dict[str, float], n: int = 2000) -> list[str]:
     """Where Redis time goes: a bare PING round trip, and server-side script time per call."""
-    import redis
-
     calls = after.get("calls", 0) - before.get("calls", 0)
     usec = after.get("usec", 0) - before.get("usec", 0)
     client = redis.Redis.from_url(url)
@@ -150,18 +149,23 @@ def main(argv: list[str] | None = None) -> int:
         prefix = f"bench-{uuid.uuid4().hex[:8]}"
         router = Router(WORKERS, redis_url=args.redis, prefix=prefix, probe_interval=None)
         unbatched = Router(WORKERS, redis_url=args.redis, prefix=prefix, probe_interval=None, release_delay=0)
+        pyclient = Router(WORKERS, probe_interval=None, store=RedisStore(
+            args.redis, prefix=prefix, client=redis.Redis.from_url(args.redis, socket_timeout=0.25)))
         try:
             before = _evalsha_stats(args.redis)
             rows += _measure("redis: route + done", router, args)
             notes = _redis_context(args.redis, before, _evalsha_stats(args.redis))
             rows += _measure("redis: route + done, release_delay=0", unbatched, args)
             rows += _measure("redis: route + done + report", router, args, report=True)
+            # the same through redis-py's own command path (what a client brought to RedisStore uses)
+            rows += _measure("redis, redis-py client: route + done + report", pyclient, args, report=True)
         finally:
             from agent_cache.store.redis_store import delete_deployment
 
             delete_deployment(args.redis, prefix)
             router.close()
             unbatched.close()
+            pyclient.close()
     print(f"{args.decisions} decisions per measurement, sessions of {args.steps} calls, "
           f"{len(WORKERS)} workers, concurrency {args.concurrency}")
     print("\n".join(rows))

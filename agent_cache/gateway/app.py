@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, TypeVar
@@ -220,7 +221,7 @@ class Gateway:
     async def _prepare(self, request: Request, path: str) -> GatewayCall:
         grant = self.authorize(request)
         try:
-            body = await asyncio.wait_for(self.read_body(request), BODY_TIMEOUT)
+            body = await _within(BODY_TIMEOUT, self.read_body(request))
         except asyncio.TimeoutError:
             raise RequestRejectedError(408, f"the request body did not arrive within {BODY_TIMEOUT:g} s",
                                        code="request_timeout") from None
@@ -399,28 +400,42 @@ class _CleanStreamingResponse(StreamingResponse):
             await self._cleanup()
 
 
+async def _within(seconds: float, work: Awaitable[T]) -> T:
+    """``await work``, raising asyncio.TimeoutError after ``seconds`` (without a task of its own where
+    the Python has ``asyncio.timeout``)."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(seconds):
+            return await work
+    return await asyncio.wait_for(work, seconds)
+
+
 async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | None:
     """``await work``, or cancel it and return None if the client disconnects first (its call is
-    settled as cancelled: the slot and the in-flight count are released at once)."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnect(request))
+    settled as cancelled: the slot and the in-flight count are released at once).
+
+    The work runs in the handler's own task; a watcher cancels that task when the client goes.
+    """
+    handler = asyncio.current_task()
+    assert handler is not None
+    left = False
+
+    async def watch() -> None:
+        nonlocal left
+        await _disconnect(request)
+        left = True
+        handler.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        raise
-    finally:
-        gone.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    try:
-        await task
+        return await work
     except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            raise  # this handler is being cancelled too
-    return None
+        if not left:
+            raise  # this handler is being cancelled for another reason
+        if sys.version_info >= (3, 11):
+            handler.uncancel()  # the watcher's cancel is consumed here
+        return None
+    finally:
+        watcher.cancel()
 
 
 async def _disconnect(request: Request) -> None:
@@ -458,6 +473,22 @@ def _usage_of(data: dict[str, Any], path: str) -> Usage | None:
         return None
 
 
+class _GatewayApp(Starlette):
+    """Starlette, with the proxied calls dispatched straight to the gateway: they answer every error
+    themselves, so the middleware and route matching in front of them only cost time per call."""
+
+    gateway: Gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path")
+        if scope["type"] == "http" and path in _PROMPT_FIELD and scope["method"] == "POST":
+            scope["app"] = self
+            response = await self.gateway.proxy(Request(scope, receive, send), path)
+            await response(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(config: GatewayConfig, router: Router | None = None) -> Starlette:
     """The gateway as an ASGI app (``uvicorn.run(create_app(config))``)."""
     gateway = Gateway(config, router)
@@ -468,7 +499,7 @@ def create_app(config: GatewayConfig, router: Router | None = None) -> Starlette
 
         return endpoint
 
-    app = Starlette(
+    app = _GatewayApp(
         routes=[
             Route(CHAT, proxied(CHAT), methods=["POST"]),
             Route(COMPLETIONS, proxied(COMPLETIONS), methods=["POST"]),
@@ -479,7 +510,7 @@ def create_app(config: GatewayConfig, router: Router | None = None) -> Starlette
         ],
         lifespan=_lifespan(gateway),
     )
-    app.state.gateway = gateway
+    app.state.gateway = app.gateway = gateway
     return app
 
 

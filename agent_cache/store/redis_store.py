@@ -182,8 +182,10 @@ class RedisStore:
         self._aclient = async_client
         self._aloop: asyncio.AbstractEventLoop | None = None
         self._aregistered: dict[Script, Any] | None = None
-        # the scripts run on a pipelined connection of their own where the URL allows (script_runner)
-        address = RedisAddress.from_url(url) if url is not None and client is None and not self._cluster else None
+        # the scripts run on a pipelined connection of their own where the URL says all there is to
+        # know (script_runner); redis-py connection options, TLS, Sentinel and Cluster keep redis-py's
+        plain = client is None and not self._cluster and not redis_options
+        address = RedisAddress.from_url(url) if url is not None and plain else None
         self._runner = ScriptRunner(address, socket_timeout) if address is not None else None
         self._arunner: AsyncScriptRunner | None = None
 

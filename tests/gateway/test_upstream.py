@@ -1,0 +1,162 @@
+"""The gateway's HTTP/1.1 client against scripted servers on loopback sockets: answers with a length,
+chunked streams cut at any byte, keep-alive reuse, a connection the worker closed while idle, answers
+that end with their connection, garbage and silence."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable
+
+import pytest
+
+from agent_cache.errors import MalformedResponseError, StreamError, WorkerTimeoutError
+from agent_cache.gateway.upstream import Upstream
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head + await reader.readexactly(length)
+
+
+def _serve(handler: Handler, test: Callable[[str, list[int]], Awaitable[None]]) -> list[int]:
+    """Run ``test(url, connections)`` against a server calling ``handler`` per connection."""
+    connections: list[int] = []
+
+    async def main() -> None:
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connections.append(1)
+            try:
+                await handler(reader, writer)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            await test(f"http://127.0.0.1:{port}", connections)
+        finally:
+            server.close()
+
+    asyncio.run(main())
+    return connections
+
+
+def _answer(body: bytes, status: bytes = b"200 OK") -> bytes:
+    return b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (status, len(body), body)
+
+
+def test_answers_with_a_length_reuse_one_kept_alive_connection() -> None:
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await _read_request(reader)
+            seen.append(request)
+            writer.write(_answer(b'{"n": %d}' % len(seen)))
+            await writer.drain()
+
+    async def test(url: str, connections: list[int]) -> None:
+        up = Upstream(timeout=2.0, max_connections=4, api_key="k-1")
+        assert [await up.post(url + "/base", "/v1/chat/completions", b'{"a":1}') for _ in range(3)] == [
+            b'{"n": 1}', b'{"n": 2}', b'{"n": 3}']
+        await up.aclose()
+
+    assert len(_serve(handler, test)) == 1
+    assert seen[0].startswith(b"POST /base/v1/chat/completions HTTP/1.1\r\n")
+    assert b"Authorization: Bearer k-1\r\n" in seen[0] and seen[0].endswith(b'\r\n\r\n{"a":1}')
+
+
+def test_a_chunked_stream_cut_anywhere_comes_out_line_by_line() -> None:
+    events = b'data: {"a": 1}\n\ndata: {"b": 2}\n\ndata: [DONE]\n\n'
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(0, len(events), 7):  # chunks that split lines and events
+            piece = events[i:i + 7]
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            await asyncio.sleep(0.002)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async def test(url: str, connections: list[int]) -> None:
+        up = Upstream(timeout=2.0, max_connections=4)
+        lines = [line async for line in up.stream(url, "/v1/chat/completions", b"{}", first_byte_timeout=1.0)]
+        assert lines == [b'data: {"a": 1}\n', b"\n", b'data: {"b": 2}\n', b"\n", b"data: [DONE]\n", b"\n"]
+        await up.aclose()
+
+    _serve(handler, test)
+
+
+def test_a_connection_the_worker_closed_while_idle_is_replaced_without_an_error() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(_answer(b"{}"))  # says keep-alive, then closes once idle (as uvicorn after 5 s)
+        await writer.drain()
+        await asyncio.sleep(0.05)
+
+    async def test(url: str, connections: list[int]) -> None:
+        up = Upstream(timeout=2.0, max_connections=4)
+        assert await up.post(url, "/generate", b"{}") == b"{}"
+        await asyncio.sleep(0.2)
+        assert await up.post(url, "/generate", b"{}") == b"{}"
+        await up.aclose()
+
+    assert len(_serve(handler, test)) == 2
+
+
+def test_an_answer_that_ends_with_its_connection_is_whole() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b'HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{"whole": true}')
+        await writer.drain()
+
+    async def test(url: str, connections: list[int]) -> None:
+        up = Upstream(timeout=2.0, max_connections=4)
+        assert await up.post(url, "/generate", b"{}") == b'{"whole": true}'
+        await up.aclose()
+
+    _serve(handler, test)
+
+
+def test_garbage_silence_and_a_broken_stream_raise_typed_errors() -> None:
+    mode = {"now": "garbage"}
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        if mode["now"] == "garbage":
+            writer.write(b"<html>not http</html>\r\n\r\n")
+        elif mode["now"] == "stalls mid-stream":
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\ndata:\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(2)  # silent
+
+    async def test(url: str, connections: list[int]) -> None:
+        up = Upstream(timeout=0.3, max_connections=4)
+        with pytest.raises(MalformedResponseError):
+            await up.post(url, "/generate", b"{}")
+        mode["now"] = "silent"
+        with pytest.raises(WorkerTimeoutError):
+            await up.post(url, "/generate", b"{}")
+        with pytest.raises(WorkerTimeoutError):
+            async for _ in up.stream(url, "/generate", b"{}", first_byte_timeout=0.2):
+                pass
+        mode["now"] = "stalls mid-stream"
+        got = []
+        with pytest.raises(StreamError):
+            async for line in up.stream(url, "/generate", b"{}", first_byte_timeout=0.2):
+                got.append(line)
+        assert got == [b"data:\n"]
+        await up.aclose()
+
+    _serve(handler, test)
