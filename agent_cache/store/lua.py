@@ -67,8 +67,8 @@ end
 local function hold(tag, source, url, now, lease_ms)
   if source == nil or source == '' or lease_ms <= 0 then return end
   local lk = tag .. ':lease:' .. source
-  redis.call('HINCRBY', lk, url, 1)
-  redis.call('PEXPIRE', lk, 86400000)
+  -- its day-long TTL is set as it gains a call, and renewed by every release and RENEW
+  if redis.call('HINCRBY', lk, url, 1) == 1 then redis.call('PEXPIRE', lk, 86400000) end
   redis.call('ZADD', tag .. ':leases', tostring(now + lease_ms), source)
 end
 """
@@ -100,15 +100,24 @@ end
 # A template's records (':t:', ':ts:', ':ti:', ':tis:') expire ``retention`` ms
 # after its last use, so they go with its last session; ':tu' indexes the
 # templates in use by last use (stats read the recent ones, the route script
-# drops the expired members).
+# drops the expired members). Their expiry is pushed back at most once a
+# second (retention is at least the session TTL): six commands on every call
+# were a sixth of the route script's work. A record a script creates gets its
+# TTL from that script (``expire_new``).
 _TEMPLATES = r"""
 local function touch_template(tag, tmember, now, retention)
+  local last = redis.call('ZSCORE', tag .. ':tu', tmember)
+  if last and tonumber(now) - tonumber(last) < 1000 then return end
   for _, kind in ipairs({':t:', ':ts:', ':ti:', ':tis:'}) do
     redis.call('PEXPIRE', tag .. kind .. tmember, retention)  -- a no-op for a record not written yet
   end
   local tu = tag .. ':tu'
   redis.call('ZADD', tu, tostring(now), tmember)
   redis.call('PEXPIRE', tu, retention)
+end
+
+local function expire_new(key, created, retention)
+  if created then redis.call('PEXPIRE', key, retention) end
 end
 """
 
@@ -135,11 +144,13 @@ local function apply_report(tag, member, worker, epoch, tid, tmember, p, c, now,
     redis.call('PEXPIRE', sk, skey_ttl)
   end
   if tid ~= '' then
-    local ts = tag .. ':ts:' .. tmember
-    redis.call('HINCRBY', ts, 'prompt_tokens', p)
+    local ts, tk = tag .. ':ts:' .. tmember, tag .. ':t:' .. tmember
+    local total = redis.call('HINCRBY', ts, 'prompt_tokens', p)
     redis.call('HINCRBY', ts, 'cached_tokens', c)
-    redis.call('ZADD', tag .. ':t:' .. tmember, now, worker)
+    local added = redis.call('ZADD', tk, now, worker)
     touch_template(tag, tmember, now, retention)
+    expire_new(ts, total == p, retention)  -- (or a template whose first reports were all 0 tokens)
+    expire_new(tk, added == 1, retention)
   end
 end
 
@@ -389,15 +400,16 @@ end
 redis.call('HSET', skey, 'last_seen', tostring(now), 'steps', steps + 1, 'held', held)
 redis.call('PEXPIRE', skey, skey_ttl)
 redis.call('ZADD', tag .. ':live', tostring(now), member)
-redis.call('ZADD', tag .. ':act', tostring(now), member)
+if not pin then redis.call('ZADD', tag .. ':act', tostring(now), member) end  -- a pin was activated above
 redis.call('HINCRBY', ikey, chosen, 1)
 hold(tag, ARGV[source_at], chosen, now, lease_ms)
 if tid ~= '' then
   if outcome ~= 'pinned' then  -- what ABANDON restores if this placement's call fails
     redis.call('HSET', skey, 'tprev', redis.call('ZSCORE', tkey, chosen) or '')
   end
-  redis.call('ZADD', tkey, tostring(now), chosen)
+  local added = redis.call('ZADD', tkey, tostring(now), chosen)
   touch_template(tag, tmember, now, retention)
+  expire_new(tkey, added == 1, retention)
 end
 redis.call('HINCRBY', tag .. ':outcomes', outcome, 1)
 return {chosen, outcome, epoch, previous}

@@ -1,13 +1,14 @@
-"""The store's hot path to Redis: EVALSHA of its scripts, pipelined on one connection.
+"""The store's hot path to Redis: EVALSHA of its scripts, packed by hiredis, on lean connections.
 
 Every model call runs one store script. Through redis-py each such call
 checks a connection out of a pool, packs its arguments in Python (asyncio)
-and waits for its own round trip; that client-side work cost more than the
-script itself (``python -m agent_cache.bench.routing_bench``). Here the
-calls of all threads, or of all tasks of an event loop, share one
-connection: each writes its packed command and the replies come back in
-order (RESP pipelining), so calls in flight together share the round trips
-and the system calls.
+and goes through layers of command handling; that client-side work cost
+more than the script itself (``python -m agent_cache.bench.routing_bench``).
+Here the tasks of an event loop share one connection: each writes its
+packed command and the replies come back in order (RESP pipelining), so
+calls in flight together share round trips and system calls. Threads each
+keep a connection of their own (sharing one, 16 threads queued on its
+reads and ran slower than redis-py).
 
 A connection that fails or stays silent for ``timeout`` seconds fails every
 call waiting on it (redis-py's ``ConnectionError``/``TimeoutError``, which
@@ -26,6 +27,7 @@ import hashlib
 import os
 import socket
 import threading
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -202,22 +204,20 @@ class _SyncConnection:
 
 
 class ScriptRunner:
-    """Runs the store's scripts from any number of threads over one shared connection."""
+    """Runs the store's scripts from any number of threads, each thread on a connection of its own
+    (one shared by all measured slower under 16 threads: they queue on its reads)."""
 
     def __init__(self, address: RedisAddress, timeout: float) -> None:
         self.address = address
         self.timeout = timeout
-        self._lock = threading.Lock()
-        self._conn: _SyncConnection | None = None
+        self._local = threading.local()
+        self._all: "weakref.WeakSet[_SyncConnection]" = weakref.WeakSet()
 
     def _connection(self) -> _SyncConnection:
-        conn = self._conn
-        if conn is not None and conn.broken is None and conn.pid == os.getpid():
-            return conn
-        with self._lock:
-            conn = self._conn
-            if conn is None or conn.broken is not None or conn.pid != os.getpid():
-                conn = self._conn = _SyncConnection(self.address, self.timeout)  # a forked child never shares
+        conn: _SyncConnection | None = getattr(self._local, "conn", None)
+        if conn is None or conn.broken is not None or conn.pid != os.getpid():  # a forked child never shares
+            conn = self._local.conn = _SyncConnection(self.address, self.timeout)
+            self._all.add(conn)
         return conn
 
     def evalsha(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -229,9 +229,10 @@ class ScriptRunner:
             return _reply(self._connection().call(packed))
 
     def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
+        for conn in list(self._all):
             conn.close()
+        self._all = weakref.WeakSet()
+        self._local = threading.local()
 
 
 class _Protocol(asyncio.Protocol):
