@@ -20,6 +20,8 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, TypeVar
 from urllib.parse import quote
 
+import orjson
+
 from prometheus_client import REGISTRY, CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -43,7 +45,15 @@ from agent_cache.errors import (
 )
 from agent_cache.gateway.config import ApiKey, GatewayConfig, key_digest
 from agent_cache.gateway.upstream import Upstream
-from agent_cache.gateway.requests import CHAT, COMPLETIONS, GENERATE, GatewayCall, find_session, parse_json_body, prepare
+from agent_cache.gateway.requests import (
+    CHAT,
+    COMPLETIONS,
+    GENERATE,
+    GatewayCall,
+    find_session,
+    parse_json_body,
+    prepare,
+)
 from agent_cache.routing.conversation import conversation_session
 from agent_cache.routing.lifecycle import RETRY_BACKOFF, Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, Router
@@ -447,8 +457,13 @@ async def _disconnect(request: Request) -> None:
 def _json_object(raw: bytes, worker: str) -> dict[str, Any]:
     """A worker's JSON answer or stream event; anything else is a malformed (retryable) answer."""
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:  # what orjson refuses, the json module may read (Infinity in logprobs)
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            data = None
+    except RecursionError:
         data = None
     if not isinstance(data, dict):
         raise MalformedResponseError("the worker's answer is not a JSON object", url=worker)

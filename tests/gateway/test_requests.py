@@ -1,0 +1,36 @@
+"""Request bodies in and out of the gateway: what JSON allows passes through, what it does not is a
+400 naming the body."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent_cache.errors import ConfigError
+from agent_cache.gateway.config import ApiKey
+from agent_cache.gateway.requests import COMPLETIONS, parse_json_body, prepare
+
+
+def test_json_that_orjson_refuses_but_json_allows_still_parses() -> None:
+    assert parse_json_body(b'{"seed": 1180591620717411303424}') == {"seed": 2**70}
+    assert parse_json_body(b'{"prompt": "\\ud800"}') == {"prompt": "\ud800"}  # the field checks name it
+
+
+@pytest.mark.parametrize("raw", [b'{"temperature": NaN}', b'{"temperature": -Infinity}', b"{not json",
+                                 b'{"a": "\xff"}', b"[1]"])
+def test_what_json_does_not_allow_is_refused_naming_the_body(raw: bytes) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_json_body(raw)
+    assert err.value.field == "body"
+
+
+def test_the_body_for_the_worker_is_compact_utf8_and_keeps_big_integers() -> None:
+    body = {"model": "m", "prompt": "héllo ✓", "seed": 2**70, "max_tokens": 4}
+    call = prepare(COMPLETIONS, dict(body), grant=ApiKey("default"), extra_key=None, session="s", templater=None,
+                   pool=None, extra_fields=frozenset())
+    assert json.loads(call.body) == body
+    assert "héllo ✓".encode() in call.body and b", " not in call.body
+    small = prepare(COMPLETIONS, {**body, "seed": 7}, grant=ApiKey("default"), extra_key=None, session="s",
+                    templater=None, pool=None, extra_fields=frozenset())
+    assert small.body == json.dumps({**body, "seed": 7}, ensure_ascii=False, separators=(",", ":")).encode()
