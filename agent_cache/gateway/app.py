@@ -12,6 +12,7 @@ two headers say where the call went (``x-agent-cache-worker``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -19,8 +20,6 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, TypeVar
 from urllib.parse import quote
-
-import orjson
 
 from prometheus_client import REGISTRY, CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 from starlette.applications import Starlette
@@ -51,6 +50,7 @@ from agent_cache.gateway.requests import (
     GENERATE,
     GatewayCall,
     find_session,
+    loads,
     parse_json_body,
     prepare,
 )
@@ -272,28 +272,30 @@ class Gateway:
             # after a few of its usual times to first byte); a retry waits the full --timeout
             wait = self.router.first_byte.deadline(worker, self.config.timeout) if len(current) == 1 else None
             sent, first = time.monotonic(), True
-            async for line in self.upstream.stream(worker, call.path, call.body, first_byte_timeout=wait):
-                if first:
-                    self.router.first_byte.observe(worker, time.monotonic() - sent)
-                    first = False
-                if line.startswith(b"data:"):
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        done = True
-                    elif not attempt.delivered and payload.startswith(b'{"error"'):
-                        raise stream_error_event(_json_object(payload, worker), worker)  # before any output
-                    elif b'"prompt_tokens"' in payload:
-                        found = _usage_of(_json_object(payload, worker), call.path)
-                        usage = found or usage
-                        if (not call.include_usage and found is not None
-                                and b'"choices":[]' in payload.replace(b" ", b"")):
-                            continue  # the usage chunk the gateway asked for on the client's behalf
-                elif not attempt.delivered:
-                    if line.strip() and not line.startswith(b":"):
-                        raise MalformedResponseError("the stream is not server-sent events", url=worker)
-                    continue  # blank lines before the first event: nothing to pass on yet
-                attempt.delivered = True  # from here on a retry would repeat output
-                yield line
+            upstream = self.upstream.stream(worker, call.path, call.body, first_byte_timeout=wait)
+            async with contextlib.aclosing(upstream):  # a failed attempt closes its connection at once
+                async for line in upstream:
+                    if first:
+                        self.router.first_byte.observe(worker, time.monotonic() - sent)
+                        first = False
+                    if line.startswith(b"data:"):
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            done = True
+                        elif not attempt.delivered and payload.startswith(b'{"error"'):
+                            raise stream_error_event(_json_object(payload, worker), worker)  # before any output
+                        elif b'"prompt_tokens"' in payload:
+                            found = _usage_of(_json_object(payload, worker), call.path)
+                            usage = found or usage
+                            if (not call.include_usage and found is not None
+                                    and b'"choices":[]' in payload.replace(b" ", b"")):
+                                continue  # the usage chunk the gateway asked for on the client's behalf
+                    elif not attempt.delivered:
+                        if line.strip() and not line.startswith(b":"):
+                            raise MalformedResponseError("the stream is not server-sent events", url=worker)
+                        continue  # blank lines before the first event: nothing to pass on yet
+                    attempt.delivered = True  # from here on a retry would repeat output
+                    yield line
             if not done:
                 raise StreamError("stream ended without data: [DONE]", url=worker)
             attempt.usage = usage
@@ -441,8 +443,8 @@ async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | Non
     except asyncio.CancelledError:
         if not left:
             raise  # this handler is being cancelled for another reason
-        if sys.version_info >= (3, 11):
-            handler.uncancel()  # the watcher's cancel is consumed here
+        if sys.version_info >= (3, 11) and handler.uncancel() > 0:
+            raise  # the watcher's cancel is consumed here; another one is not
         return None
     finally:
         watcher.cancel()
@@ -457,13 +459,8 @@ async def _disconnect(request: Request) -> None:
 def _json_object(raw: bytes, worker: str) -> dict[str, Any]:
     """A worker's JSON answer or stream event; anything else is a malformed (retryable) answer."""
     try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:  # what orjson refuses, the json module may read (Infinity in logprobs)
-        try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError):
-            data = None
-    except RecursionError:
+        data = loads(raw, strict=False)  # Infinity in logprobs is read as the json module reads it
+    except (ValueError, RecursionError):
         data = None
     if not isinstance(data, dict):
         raise MalformedResponseError("the worker's answer is not a JSON object", url=worker)
@@ -496,7 +493,8 @@ class _GatewayApp(Starlette):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path")
-        if scope["type"] == "http" and path in _PROMPT_FIELD and scope["method"] == "POST":
+        if (scope["type"] == "http" and path in _PROMPT_FIELD and scope["method"] == "POST"
+                and not self.user_middleware):  # middleware added to the app sees every call
             scope["app"] = self
             response = await self.gateway.proxy(Request(scope, receive, send), path)
             await response(scope, receive, send)

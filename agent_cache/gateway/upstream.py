@@ -34,6 +34,9 @@ from agent_cache.errors import (
 _IDLE_CLOSE = 4.0
 _PAUSE_AT = 1 << 20  # stream bytes held for a slow client before the worker's socket is paused
 _CONNECT_TIMEOUT = 10.0
+# a reused connection that fails this soon after the request, before any answer, was closed by the
+# worker while idle (it never ran the request): sent again on a new one; later failures are errors
+_STALE_WITHIN = 0.1
 # what can end an exchange with a worker: the connection, a silence past the timeout, a malformed answer
 _FAILURES = (OSError, asyncio.TimeoutError, httptools.HttpParserError)
 
@@ -61,6 +64,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
+        self.sent_at = 0.0
         self._begin(streaming=False)
 
     def _begin(self, streaming: bool) -> None:
@@ -126,7 +130,15 @@ class _Connection(asyncio.Protocol):
     def send(self, request: bytes, streaming: bool) -> None:
         assert self.transport is not None
         self._begin(streaming)
+        self.sent_at = time.monotonic()
         self.transport.write(request)
+
+    def stop_streaming(self) -> None:
+        """The answer is read whole after all (an error status): never pause for a consumer."""
+        self._streaming = False
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
 
     def has_body(self) -> bool:
         return bool(self._body)
@@ -196,10 +208,10 @@ class Upstream:
             origin = self._origins[worker] = _Origin.of(worker)
         return origin
 
-    async def _connect(self, origin: _Origin) -> _Connection:
+    async def _connect(self, origin: _Origin, deadline: float | None) -> _Connection:
         loop = asyncio.get_running_loop()
         opening = loop.create_connection(_Connection, origin.host, origin.port, ssl=origin.tls or None)
-        _, conn = await asyncio.wait_for(opening, _CONNECT_TIMEOUT)
+        _, conn = await asyncio.wait_for(opening, min(_CONNECT_TIMEOUT, _left(deadline, _CONNECT_TIMEOUT)))
         return conn
 
     def _reusable(self, origin: _Origin) -> _Connection | None:
@@ -223,30 +235,30 @@ class Upstream:
         idle.append(conn)
 
     def _request(self, method: bytes, origin: _Origin, path: str, body: bytes) -> bytes:
-        head = b"%s %s HTTP/1.1\r\nHost: %s:%d\r\n%s" % (method, (origin.base + path).encode(), origin.host.encode(),
+        host = f"[{origin.host}]" if ":" in origin.host else origin.host  # an IPv6 address
+        head = b"%s %s HTTP/1.1\r\nHost: %s:%d\r\n%s" % (method, (origin.base + path).encode(), host.encode(),
                                                          origin.port, self._auth)
         if method == b"GET":
             return head + b"\r\n"
         return head + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
 
     async def _open(self, method: bytes, worker: str, path: str, body: bytes, *, streaming: bool,
-                    first_byte_timeout: float | None) -> tuple[_Origin, _Connection]:
-        """Send the request and wait for the answer's status line and headers."""
+                    deadline: float | None) -> tuple[_Origin, _Connection]:
+        """Send the request and wait for the answer's status line and headers (by ``deadline``, a
+        ``time.monotonic()``, if given; else each wait is the timeout)."""
         origin = self._origin(worker)
         request = self._request(method, origin, path, body)
-        timeout = self._timeout if first_byte_timeout is None else first_byte_timeout
         conn = self._reusable(origin)
         try:
             if conn is not None:
                 try:
-                    return origin, await self._start(conn, request, streaming, timeout)
+                    return origin, await self._start(conn, request, streaming, deadline)
                 except ConnectionError:
-                    if conn.received:
+                    if conn.received or time.monotonic() - conn.sent_at > _STALE_WITHIN:
                         raise
-                    conn = None
-                    # the worker closed the idle connection as it was reused: it never saw the request
-            conn = await self._connect(origin)
-            return origin, await self._start(conn, request, streaming, timeout)
+                    conn = None  # the worker closed the idle connection as it was reused
+            conn = await self._connect(origin, deadline)
+            return origin, await self._start(conn, request, streaming, deadline)
         except _FAILURES as exc:
             if conn is not None:
                 conn.close()
@@ -256,11 +268,10 @@ class Upstream:
                 conn.close()
             raise
 
-    @staticmethod
-    async def _start(conn: _Connection, request: bytes, streaming: bool, timeout: float) -> _Connection:
+    async def _start(self, conn: _Connection, request: bytes, streaming: bool, deadline: float | None) -> _Connection:
         conn.send(request, streaming)
         while not conn.headers_done:
-            await conn.progress(timeout)
+            await conn.progress(_left(deadline, self._timeout))
         return conn
 
     async def _rest(self, conn: _Connection, worker: str) -> bytes:
@@ -280,7 +291,7 @@ class Upstream:
 
     async def post(self, worker: str, path: str, body: bytes) -> bytes:
         """``POST`` an encoded JSON body; the response body (an error status raises its typed error)."""
-        origin, conn = await self._open(b"POST", worker, path, body, streaming=False, first_byte_timeout=None)
+        origin, conn = await self._open(b"POST", worker, path, body, streaming=False, deadline=None)
         content = await self._rest(conn, worker)
         self._release(origin, conn)
         if conn.status >= 400:
@@ -291,17 +302,17 @@ class Upstream:
                      first_byte_timeout: float | None = None) -> AsyncGenerator[bytes, None]:
         """Streamed :meth:`post`: the response's lines as they arrive, each with its line ending.
 
-        ``first_byte_timeout``: seconds for the worker to answer and send its first line (a hung
-        worker accepts the connection and sends nothing); later lines wait the ``timeout``.
+        ``first_byte_timeout``: seconds for the worker to be reached, answer and send its first line
+        (a hung worker accepts the connection and sends nothing); later lines wait the ``timeout``.
         """
-        origin, conn = await self._open(b"POST", worker, path, body, streaming=True,
-                                        first_byte_timeout=first_byte_timeout)
+        deadline = None if first_byte_timeout is None else time.monotonic() + first_byte_timeout
+        origin, conn = await self._open(b"POST", worker, path, body, streaming=True, deadline=deadline)
         if conn.status >= 400:
+            conn.stop_streaming()
             content = await self._rest(conn, worker)
             self._release(origin, conn)
             raise http_error(conn.status, content, worker)
         try:
-            first_wait = self._timeout if first_byte_timeout is None else first_byte_timeout
             pending = b""
             lines_seen = False
             while True:
@@ -318,7 +329,7 @@ class Upstream:
                 if conn.complete or conn.has_body():
                     continue  # it came while the lines were yielded
                 try:
-                    await conn.progress(self._timeout if lines_seen else first_wait)
+                    await conn.progress(self._timeout if lines_seen else _left(deadline, self._timeout))
                 except _FAILURES as exc:
                     if not lines_seen:
                         raise _error(exc, worker) from exc
@@ -331,7 +342,7 @@ class Upstream:
         self._release(origin, conn)
 
     async def get_json(self, worker: str, path: str) -> Any:
-        origin, conn = await self._open(b"GET", worker, path, b"", streaming=False, first_byte_timeout=None)
+        origin, conn = await self._open(b"GET", worker, path, b"", streaming=False, deadline=None)
         content = await self._rest(conn, worker)
         self._release(origin, conn)
         if conn.status >= 400:
@@ -343,6 +354,11 @@ class Upstream:
         for conns in idle.values():
             for conn in conns:
                 conn.close()
+
+
+def _left(deadline: float | None, otherwise: float) -> float:
+    """Seconds to ``deadline`` (a ``time.monotonic()``), or ``otherwise`` without one."""
+    return otherwise if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _error(exc: BaseException, worker: str) -> BackendError:

@@ -162,6 +162,7 @@ class Router:
         # the pools' worker specs as routes send them, kept until the configuration changes
         self._specs_memo: dict[tuple[Any, ...], tuple[WorkerSpec, ...]] = {}
         self._config_version = 0
+        self._config_lock = threading.Lock()
         # in-flight counts placed through the store but not yet released there:
         # deferred to the next store write, or owed while the store is unreachable
         self._pending = PendingReleases()
@@ -224,8 +225,9 @@ class Router:
         self._config_changed()
 
     def _config_changed(self) -> None:
-        self._config_version += 1
-        self._specs_memo = {}
+        with self._config_lock:
+            self._config_version += 1
+            self._specs_memo = {}
 
     def extra_key_for(self, tenant: str) -> str | None:
         """SGLang ``extra_key`` that keeps one tenant's cache entries apart from another's."""
@@ -244,10 +246,11 @@ class Router:
     # --- routing --------------------------------------------------------------------
 
     def _specs(self, pool: str, exclude: set[str]) -> tuple[WorkerSpec, ...]:
+        version = self._config_version  # read before the workers: a change in between is never kept
         workers = self._workers
         down = self.health.down(w.url for w in workers)
         key = (pool, frozenset(exclude) if exclude else None, frozenset(down) if down else None,
-               self._config_version, self.default_capacity)
+               version, self.default_capacity)
         specs = self._specs_memo.get(key)
         if specs is None:
             if len(self._specs_memo) >= 256:  # exclusions and open breakers come and go: stay bounded

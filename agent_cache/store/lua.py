@@ -107,7 +107,7 @@ end
 _TEMPLATES = r"""
 local function touch_template(tag, tmember, now, retention)
   local last = redis.call('ZSCORE', tag .. ':tu', tmember)
-  if last and tonumber(now) - tonumber(last) < 1000 then return end
+  if last and tonumber(now) - tonumber(last) < math.min(1000, retention / 4) then return end
   for _, kind in ipairs({':t:', ':ts:', ':ti:', ':tis:'}) do
     redis.call('PEXPIRE', tag .. kind .. tmember, retention)  -- a no-op for a record not written yet
   end

@@ -6,9 +6,10 @@ and goes through layers of command handling; that client-side work cost
 more than the script itself (``python -m agent_cache.bench.routing_bench``).
 Here the tasks of an event loop share one connection: each writes its
 packed command and the replies come back in order (RESP pipelining), so
-calls in flight together share round trips and system calls. Threads each
-keep a connection of their own (sharing one, 16 threads queued on its
-reads and ran slower than redis-py).
+calls in flight together share round trips and system calls. A thread's
+call takes an idle connection for itself and gives it back (sharing one,
+16 threads queued on its reads and ran slower than redis-py); one that
+Redis closed while idle is noticed before use and replaced.
 
 A connection that fails or stays silent for ``timeout`` seconds fails every
 call waiting on it (redis-py's ``ConnectionError``/``TimeoutError``, which
@@ -26,8 +27,7 @@ import asyncio
 import hashlib
 import os
 import socket
-import threading
-import weakref
+import select
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -74,11 +74,16 @@ class RedisAddress:
             return None
         user = unquote(parts.username) if parts.username else None
         password = unquote(parts.password) if parts.password else None
-        db = int(query["db"][0]) if "db" in query else None
+        if user is not None and password is None:
+            return None  # redis-py's own handling of a user without a password
+        try:
+            db = int(query["db"][0]) if "db" in query else None
+            if parts.scheme != "unix" and db is None and parts.path.strip("/"):
+                db = int(unquote(parts.path).strip("/"))
+        except ValueError:
+            return None  # redis-py ignores a database path that is not a number
         if parts.scheme == "unix":
             return cls(path=unquote(parts.path), db=db or 0, username=user, password=password)
-        if db is None and parts.path.strip("/"):
-            db = int(unquote(parts.path).strip("/"))
         return cls(host=unquote(parts.hostname or "127.0.0.1"), port=parts.port or 6379, db=db or 0,
                    username=user, password=password)
 
@@ -111,27 +116,12 @@ def _reply(value: Any) -> Any:
     return value
 
 
-class _Slot:
-    """A sync call's place in the reply order."""
-
-    __slots__ = ("done", "value", "error")
-
-    def __init__(self) -> None:
-        self.done = False
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-
 class _SyncConnection:
-    """One socket shared by threads: writes under one lock, and whichever thread holds the read
-    lock reads for all, handing each reply to the oldest waiting call."""
+    """One socket, used by one thread at a time (the runner hands connections out and takes them back)."""
 
-    def __init__(self, address: RedisAddress, timeout: float) -> None:
+    def __init__(self, address: RedisAddress, timeout: float | None) -> None:
         self.pid = os.getpid()
-        self.broken: BaseException | None = None
-        self._send_lock = threading.RLock()
-        self._read_lock = threading.Lock()
-        self._pending: deque[_Slot] = deque()
+        self.broken = False
         self._parser = hiredis.Reader()
         try:
             if address.path is not None:
@@ -155,46 +145,31 @@ class _SyncConnection:
             raise
 
     def call(self, packed: bytes) -> Any:
-        slot = _Slot()
-        with self._send_lock:
-            if self.broken is not None:
-                raise self.broken
-            self._pending.append(slot)
-            try:
-                self._sock.sendall(packed)
-            except OSError as exc:
-                self._break(exc)
-        with self._read_lock:
-            while not slot.done:
-                self._read()
-        if slot.error is not None:
-            raise slot.error
-        return slot.value
-
-    def _read(self) -> None:
+        """Send one command and read its reply; any failure leaves the connection broken (a command
+        cut short, or a reply still on its way, would shift every later reply)."""
         try:
-            data = self._sock.recv(65536)
-            if not data:
-                raise ConnectionResetError("Redis closed the connection")
-            self._parser.feed(data)
-            while (value := self._parser.gets()) is not False:
-                slot = self._pending.popleft()
-                slot.value, slot.done = value, True
-        except (OSError, hiredis.ProtocolError, IndexError) as exc:
-            self._break(exc)
+            self._sock.sendall(packed)
+            while (value := self._parser.gets()) is False:
+                data = self._sock.recv(65536)
+                if not data:
+                    raise ConnectionResetError("Redis closed the connection")
+                self._parser.feed(data)
+            return value
+        except BaseException as exc:
+            self.broken = True
+            self.close()
+            if isinstance(exc, socket.timeout):
+                raise RedisTimeoutError(f"Redis did not answer in time: {exc}") from None
+            if isinstance(exc, (OSError, hiredis.ProtocolError)):
+                raise RedisConnectionError(f"Redis connection lost: {exc}") from None
+            raise
 
-    def _break(self, exc: BaseException) -> None:
-        """Fail every call waiting on this connection; the next call opens another."""
-        with self._send_lock:
-            if self.broken is None:
-                if isinstance(exc, socket.timeout):
-                    self.broken = RedisTimeoutError(f"Redis did not answer in time: {exc}")
-                else:
-                    self.broken = RedisConnectionError(f"Redis connection lost: {exc}")
-                self.close()
-            while self._pending:
-                slot = self._pending.popleft()
-                slot.error, slot.done = self.broken, True
+    def stale(self) -> bool:
+        """Readable while idle: Redis closed it (an idle timeout, a restart) or sent what nobody asked for."""
+        try:
+            return bool(select.select([self._sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
 
     def close(self) -> None:
         try:
@@ -204,35 +179,47 @@ class _SyncConnection:
 
 
 class ScriptRunner:
-    """Runs the store's scripts from any number of threads, each thread on a connection of its own
-    (one shared by all measured slower under 16 threads: they queue on its reads)."""
+    """Runs the store's scripts from any number of threads: each call takes an idle connection (or
+    opens one) and gives it back, so threads never wait on each other's replies and a new thread
+    reuses an old connection. (One connection shared by 16 threads ran slower than redis-py.)"""
 
-    def __init__(self, address: RedisAddress, timeout: float) -> None:
+    MAX_IDLE = 64
+
+    def __init__(self, address: RedisAddress, timeout: float | None) -> None:
         self.address = address
         self.timeout = timeout
-        self._local = threading.local()
-        self._all: "weakref.WeakSet[_SyncConnection]" = weakref.WeakSet()
+        self._idle: deque[_SyncConnection] = deque()  # append and pop are atomic: no lock
 
-    def _connection(self) -> _SyncConnection:
-        conn: _SyncConnection | None = getattr(self._local, "conn", None)
-        if conn is None or conn.broken is not None or conn.pid != os.getpid():  # a forked child never shares
-            conn = self._local.conn = _SyncConnection(self.address, self.timeout)
-            self._all.add(conn)
-        return conn
+    def _take(self) -> _SyncConnection:
+        while True:
+            try:
+                conn = self._idle.pop()
+            except IndexError:
+                return _SyncConnection(self.address, self.timeout)
+            if conn.pid == os.getpid() and not conn.stale():  # a forked child never shares
+                return conn
+            conn.close()
+
+    def _call(self, packed: bytes) -> Any:
+        conn = self._take()
+        value = conn.call(packed)  # a failure leaves it broken: not given back
+        if len(self._idle) < self.MAX_IDLE:
+            self._idle.append(conn)
+        else:
+            conn.close()
+        return _reply(value)
 
     def evalsha(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         packed = pack_evalsha(script, keys, args)
         try:
-            return _reply(self._connection().call(packed))
+            return self._call(packed)
         except NoScriptError:  # a restarted or flushed Redis: load it and run again
-            _reply(self._connection().call(pack("SCRIPT", "LOAD", script.text)))
-            return _reply(self._connection().call(packed))
+            self._call(pack("SCRIPT", "LOAD", script.text))
+            return self._call(packed)
 
     def close(self) -> None:
-        for conn in list(self._all):
-            conn.close()
-        self._all = weakref.WeakSet()
-        self._local = threading.local()
+        while self._idle:
+            self._idle.pop().close()
 
 
 class _Protocol(asyncio.Protocol):
@@ -288,11 +275,12 @@ class _Protocol(asyncio.Protocol):
 class AsyncScriptRunner:
     """Async :class:`ScriptRunner`, bound to the event loop that first uses it."""
 
-    def __init__(self, address: RedisAddress, timeout: float) -> None:
+    def __init__(self, address: RedisAddress, timeout: float | None) -> None:
         self.address = address
         self.timeout = timeout
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Lock | None = None
+        self._failed: tuple[float, BaseException] | None = None  # the last failed opening, and when
 
     async def _connection(self) -> _Protocol:
         protocol = self._protocol
@@ -300,10 +288,20 @@ class AsyncScriptRunner:
             return protocol
         if self._connecting is None:
             self._connecting = asyncio.Lock()
+        loop = asyncio.get_running_loop()
+        waiting_since = loop.time()
         async with self._connecting:
             protocol = self._protocol
             if protocol is None or protocol.broken is not None:
-                protocol = self._protocol = await self._open()
+                failed = self._failed
+                if failed is not None and failed[0] >= waiting_since:
+                    # an opening failed while this call waited: fail with it, not after another try
+                    raise type(failed[1])(str(failed[1]))
+                try:
+                    protocol = self._protocol = await self._open()
+                except Exception as exc:  # not a cancelled caller's CancelledError: the next waiter tries
+                    self._failed = (loop.time(), exc)
+                    raise
         return protocol
 
     async def _open(self) -> _Protocol:
@@ -331,6 +329,8 @@ class AsyncScriptRunner:
 
     async def _await(self, protocol: _Protocol, packed: bytes) -> Any:
         future = protocol.send(packed)
+        if self.timeout is None:
+            return await future
         deadline = asyncio.get_running_loop().call_later(self.timeout, protocol.timed_out, future)
         try:
             return await future

@@ -13,7 +13,8 @@ from agent_cache.gateway.requests import COMPLETIONS, parse_json_body, prepare
 
 
 def test_json_that_orjson_refuses_but_json_allows_still_parses() -> None:
-    assert parse_json_body(b'{"seed": 1180591620717411303424}') == {"seed": 2**70}
+    assert parse_json_body(b'{"seed": 1180591620717411303425}') == {"seed": 2**70 + 1}  # orjson: a float
+    assert parse_json_body(b'{"seed": 18446744073709551616}') == {"seed": 2**64}
     assert parse_json_body(b'{"prompt": "\\ud800"}') == {"prompt": "\ud800"}  # the field checks name it
 
 
@@ -26,7 +27,7 @@ def test_what_json_does_not_allow_is_refused_naming_the_body(raw: bytes) -> None
 
 
 def test_the_body_for_the_worker_is_compact_utf8_and_keeps_big_integers() -> None:
-    body = {"model": "m", "prompt": "héllo ✓", "seed": 2**70, "max_tokens": 4}
+    body = {"model": "m", "prompt": "héllo ✓", "seed": 2**70 + 1, "max_tokens": 4}
     call = prepare(COMPLETIONS, dict(body), grant=ApiKey("default"), extra_key=None, session="s", templater=None,
                    pool=None, extra_fields=frozenset())
     assert json.loads(call.body) == body

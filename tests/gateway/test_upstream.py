@@ -5,11 +5,18 @@ that end with their connection, garbage and silence."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Awaitable, Callable
 
 import pytest
 
-from agent_cache.errors import MalformedResponseError, StreamError, WorkerTimeoutError
+from agent_cache.errors import (
+    MalformedResponseError,
+    StreamError,
+    WorkerBadRequestError,
+    WorkerConnectionError,
+    WorkerTimeoutError,
+)
 from agent_cache.gateway.upstream import Upstream
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -157,6 +164,66 @@ def test_garbage_silence_and_a_broken_stream_raise_typed_errors() -> None:
             async for line in up.stream(url, "/generate", b"{}", first_byte_timeout=0.2):
                 got.append(line)
         assert got == [b"data:\n"]
+        await up.aclose()
+
+    _serve(handler, test)
+
+
+def test_a_request_the_worker_held_before_closing_is_not_sent_again() -> None:
+    requests: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests.append(await _read_request(reader))
+        writer.write(_answer(b"{}"))
+        await writer.drain()
+        requests.append(await _read_request(reader))  # the second call, on the kept-alive connection
+        await asyncio.sleep(0.3)  # works on it, then dies without answering
+
+    async def test(url: str, connections: list[int]) -> None:
+        up = Upstream(timeout=2.0, max_connections=4)
+        assert await up.post(url, "/generate", b"{}") == b"{}"
+        with pytest.raises(WorkerConnectionError):
+            await up.post(url, "/generate", b"{}")
+        await up.aclose()
+
+    _serve(handler, test)
+    assert len(requests) == 2  # ran once: not replayed on a new connection
+
+
+def test_an_error_status_with_a_large_body_on_a_stream_is_read_whole() -> None:
+    body = b'{"error": {"message": "' + b"x" * (3 << 20) + b'"}}'
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(_answer(body, b"400 Bad Request"))
+        await writer.drain()
+        await reader.read()
+
+    async def test(url: str, connections: list[int]) -> None:
+        up = Upstream(timeout=1.0, max_connections=4)
+        with pytest.raises(WorkerBadRequestError):
+            async for _ in up.stream(url, "/v1/chat/completions", b"{}", first_byte_timeout=1.0):
+                pass
+        await up.aclose()
+
+    _serve(handler, test)
+
+
+def test_the_first_byte_deadline_bounds_the_whole_wait_for_a_silent_stream() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        await asyncio.sleep(0.3)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")  # late headers, then nothing
+        await writer.drain()
+        await asyncio.sleep(3)
+
+    async def test(url: str, connections: list[int]) -> None:
+        up = Upstream(timeout=10.0, max_connections=4)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerTimeoutError):
+            async for _ in up.stream(url, "/v1/chat/completions", b"{}", first_byte_timeout=0.4):
+                pass
+        assert time.monotonic() - t0 < 0.6  # one deadline for headers and first line (0.3 + 0.4 before)
         await up.aclose()
 
     _serve(handler, test)

@@ -149,3 +149,41 @@ def test_a_frozen_redis_fails_every_waiting_call_within_the_timeout_then_calls_r
     with pytest.raises(redis.exceptions.ConnectionError):
         runner.evalsha(ECHO, ["k"], ["dead"])
     runner.close()
+
+
+def test_a_connection_redis_closed_while_idle_is_replaced_before_use(redis_server_factory) -> None:
+    server = redis_server_factory()
+    admin = redis.Redis(port=server.port)
+    admin.config_set("timeout", 1)  # Redis closes clients idle for a second
+    admin.close()
+    runner = ScriptRunner(RedisAddress.from_url(server.url), timeout=0.5)
+    assert runner.evalsha(ECHO, ["k"], ["a"]) == [b"a", b"k"]
+    time.sleep(2.5)  # the server's idle check runs about ten times a second
+    assert runner.evalsha(ECHO, ["k"], ["b"]) == [b"b", b"k"]  # no ConnectionError: a fresh connection
+    runner.close()
+
+
+def test_calls_waiting_for_a_reconnect_to_a_frozen_redis_all_fail_within_one_timeout(redis_server_factory) -> None:
+    server = redis_server_factory()
+
+    async def main() -> list[float]:
+        arunner = AsyncScriptRunner(RedisAddress.from_url(server.url), timeout=0.3)
+        await arunner.evalsha(ECHO, ["k"], ["warm"])
+        arunner.close()  # the next calls must open a connection
+        server.pause()
+        out: list[float] = []
+
+        async def one() -> None:
+            t0 = time.monotonic()
+            with pytest.raises((redis.exceptions.TimeoutError, redis.exceptions.ConnectionError)):
+                await arunner.evalsha(ECHO, ["k"], ["x"])
+            out.append(time.monotonic() - t0)
+
+        await asyncio.gather(*[one() for _ in range(10)])
+        return out
+
+    try:
+        seconds = asyncio.run(main())
+    finally:
+        server.resume()
+    assert len(seconds) == 10 and max(seconds) < 1.2  # not one timeout after another (3 s)
