@@ -12,7 +12,6 @@ the conversation's fingerprint), the chat prompt goes through the same
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -73,8 +72,10 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-# 19 digits in a row: possibly an integer past 64 bits, which orjson reads as a float
-_LONG_NUMBER = re.compile(rb"\d{19}")
+# 19 digits in a row: possibly an integer past 64 bits, which orjson reads as a float. Found by
+# mapping digits to 1 and the rest to 0 (C speed: a regular expression took 180 us on 8 KB)
+_DIGITS = bytes(49 if 48 <= c <= 57 else 48 for c in range(256))
+_NINETEEN = b"1" * 19
 
 
 def loads(raw: bytes, *, strict: bool = True) -> Any:
@@ -83,7 +84,7 @@ def loads(raw: bytes, *, strict: bool = True) -> Any:
     lone surrogate escapes, which the field checks then name). ``strict``: NaN and Infinity are
     refused, as JSON refuses them (a request); else read as the json module reads them (a worker's
     answer)."""
-    if not _LONG_NUMBER.search(raw):
+    if _NINETEEN not in raw.translate(_DIGITS):
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
