@@ -93,8 +93,42 @@ def _is_integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _clean(value: Any) -> bool:
+    """True if strict JSON in UTF-8 carries ``value`` as it is: a walk of exact types only, without
+    the paths; anything else (False) gets :func:`_explain`'s walk, which decides and names the part."""
+    kind = type(value)
+    if kind is str:
+        return value.isascii() or _encodes(value)
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or not (key.isascii() or _encodes(key)) or not _clean(item):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        for item in value:
+            if not _clean(item):
+                return False
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    return value is None or kind is int or kind is bool
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check_json(value: Any, path: str) -> None:
     """Raise for the first part of ``value`` that strict JSON in UTF-8 cannot carry, naming its path."""
+    if not _clean(value):  # most requests: one quick walk
+        _explain(value, path)
+
+
+def _explain(value: Any, path: str) -> None:
     if value is None or isinstance(value, (bool, int)):
         return
     if isinstance(value, float):
@@ -108,11 +142,11 @@ def _check_json(value: Any, path: str) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise ConfigError(path, f"keys must be strings, got {key!r}")
-            _check_json(key, path)
-            _check_json(item, f"{path}.{key}")
+            _explain(key, path)
+            _explain(item, f"{path}.{key}")
         return
     if isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            _check_json(item, f"{path}[{i}]")
+            _explain(item, f"{path}[{i}]")
         return
     raise ConfigError(path, f"a {type(value).__name__} cannot be sent as JSON")
