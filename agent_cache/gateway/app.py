@@ -272,6 +272,7 @@ class Gateway:
             # after a few of its usual times to first byte); a retry waits the full --timeout
             wait = self.router.first_byte.deadline(worker, self.config.timeout) if len(current) == 1 else None
             sent, first = time.monotonic(), True
+            event: list[bytes] = []  # an event's lines, passed on together when it ends (a blank line)
             upstream = self.upstream.stream(worker, call.path, call.body, first_byte_timeout=wait)
             async with contextlib.aclosing(upstream):  # a failed attempt closes its connection at once
                 async for line in upstream:
@@ -290,12 +291,18 @@ class Gateway:
                             if (not call.include_usage and found is not None
                                     and b'"choices":[]' in payload.replace(b" ", b"")):
                                 continue  # the usage chunk the gateway asked for on the client's behalf
-                    elif not attempt.delivered:
+                    elif not attempt.delivered and not event:
                         if line.strip() and not line.startswith(b":"):
                             raise MalformedResponseError("the stream is not server-sent events", url=worker)
                         continue  # blank lines before the first event: nothing to pass on yet
-                    attempt.delivered = True  # from here on a retry would repeat output
-                    yield line
+                    event.append(line)
+                    if line in (b"\n", b"\r\n"):  # one write per event, not per line
+                        attempt.delivered = True  # from here on a retry would repeat output
+                        yield b"".join(event)
+                        event.clear()
+            if event:
+                attempt.delivered = True
+                yield b"".join(event)
             if not done:
                 raise StreamError("stream ended without data: [DONE]", url=worker)
             attempt.usage = usage
