@@ -136,9 +136,7 @@ class _Connection(asyncio.Protocol):
     def stop_streaming(self) -> None:
         """The answer is read whole after all (an error status): never pause for a consumer."""
         self._streaming = False
-        if self._paused and self.transport is not None:
-            self._paused = False
-            self.transport.resume_reading()
+        self._resume()
 
     def has_body(self) -> bool:
         return bool(self._body)
@@ -147,10 +145,13 @@ class _Connection(asyncio.Protocol):
         """The body bytes received since the last take (a paused socket reads again)."""
         out = b"".join(self._body)
         self._body, self._buffered = [], 0
+        self._resume()
+        return out
+
+    def _resume(self) -> None:
         if self._paused and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
-        return out
 
     async def progress(self, timeout: float | None) -> None:
         """Until the answer moves on (headers, body bytes, its end); raises on a failure or after
@@ -274,8 +275,8 @@ class Upstream:
             await conn.progress(_left(deadline, self._timeout))
         return conn
 
-    async def _rest(self, conn: _Connection, worker: str) -> bytes:
-        """The whole body of the answer."""
+    async def _answer(self, origin: _Origin, conn: _Connection, worker: str) -> bytes:
+        """The whole body of the answer, the connection given back; an error status raises its typed error."""
         try:
             while not conn.complete:
                 await conn.progress(self._timeout)
@@ -285,18 +286,18 @@ class Upstream:
         except BaseException:
             conn.close()
             raise
-        return conn.take()
+        content = conn.take()
+        self._release(origin, conn)
+        if conn.status >= 400:
+            raise http_error(conn.status, content, worker)
+        return content
 
     # --- the calls ----------------------------------------------------------------------------
 
     async def post(self, worker: str, path: str, body: bytes) -> bytes:
         """``POST`` an encoded JSON body; the response body (an error status raises its typed error)."""
         origin, conn = await self._open(b"POST", worker, path, body, streaming=False, deadline=None)
-        content = await self._rest(conn, worker)
-        self._release(origin, conn)
-        if conn.status >= 400:
-            raise http_error(conn.status, content, worker)
-        return content
+        return await self._answer(origin, conn, worker)
 
     async def stream(self, worker: str, path: str, body: bytes,
                      first_byte_timeout: float | None = None) -> AsyncGenerator[bytes, None]:
@@ -309,9 +310,7 @@ class Upstream:
         origin, conn = await self._open(b"POST", worker, path, body, streaming=True, deadline=deadline)
         if conn.status >= 400:
             conn.stop_streaming()
-            content = await self._rest(conn, worker)
-            self._release(origin, conn)
-            raise http_error(conn.status, content, worker)
+            await self._answer(origin, conn, worker)  # raises the status's error
         try:
             pending = b""
             lines_seen = False
@@ -343,11 +342,7 @@ class Upstream:
 
     async def get_json(self, worker: str, path: str) -> Any:
         origin, conn = await self._open(b"GET", worker, path, b"", streaming=False, deadline=None)
-        content = await self._rest(conn, worker)
-        self._release(origin, conn)
-        if conn.status >= 400:
-            raise http_error(conn.status, content, worker)
-        return decode_json(content, worker, path)
+        return decode_json(await self._answer(origin, conn, worker), worker, path)
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, {}

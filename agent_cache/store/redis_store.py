@@ -250,8 +250,9 @@ class RedisStore:
         return self._aclient
 
     def _eval(self, script: Script, k: list[str], args: list[Any]) -> Any:
-        if self._runner is not None:
-            return self._call(lambda: self._runner.evalsha(script, k, args))  # type: ignore[union-attr]
+        runner = self._runner
+        if runner is not None:
+            return self._call(lambda: runner.evalsha(script, k, args))
         return self._call(lambda: self._registered[script](keys=k, args=args))
 
     async def _aeval(self, script: Script, k: list[str], args: list[Any]) -> Any:
