@@ -91,11 +91,13 @@ for reply in moved:
 # makes every session's prefix unique. Four users, four timestamps, the same
 # long instructions. Each variant gets a fresh fleet so neither sees the
 # other's cache; we look at the *first* call of each session, which can only
-# hit the cache if another session left the shared part there. The first
-# three users spread over the three idle workers (an idle worker costs one
-# prefill of the instructions; piling sessions on one worker costs more as
-# they grow); the fourth lands on a worker that already holds the template,
-# so with templates it reads the instructions from the cache.
+# hit the cache if another session left the shared part there. With
+# templates, the second user joins the first on the worker that holds the
+# instructions and reads them from the cache; the third would take that
+# worker past a fair share of the fleet's sessions (1.25 x the mean), which
+# costs more than one prefill of the instructions, so it starts on an idle
+# worker; the fourth reuses the template there. Without templates no two
+# prompts share the instructions, so the sessions just spread out.
 
 # %%
 RULES = "".join(f"Rule {i}: be polite, be precise and cite the order number when you can.\n" for i in range(20))

@@ -12,14 +12,19 @@ from agent_cache.placement.rule import (
     Decision,
     PinView,
     Policy,
+    Scale,
     Snapshot,
     WorkerView,
     choose_worker,
     cost,
     expected_footprint,
+    mean_session,
+    projected,
+    quiet_after,
+    scale_of,
 )
 
 __all__ = [
-    "DOWN", "DRAINING", "UP", "Decision", "PinView", "Policy", "Snapshot", "WorkerView", "choose_worker", "cost",
-    "expected_footprint", "pool_for_session", "rendezvous_pick", "rendezvous_score",
+    "DOWN", "DRAINING", "UP", "Decision", "PinView", "Policy", "Scale", "Snapshot", "WorkerView", "choose_worker", "cost",
+    "expected_footprint", "pool_for_session", "rendezvous_pick", "rendezvous_score", "scale_of", "quiet_after", "mean_session", "projected",
 ]

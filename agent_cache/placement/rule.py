@@ -7,12 +7,15 @@ evaluation order (floating-point results must be bit-identical).
 
 Every term is in one unit, tokens a worker must prefill (see docs/routing.md)::
 
-    footprint(w) = KV tokens of w's live sessions (latest context each)
-    g            = expected footprint of the session: max(its tokens, mean live session footprint)
+    m            = the pool's mean live session footprint (latest context tokens of a session)
+    held(w)      = max(KV tokens of w's live sessions, their number x m): young sessions grow
+    g            = expected footprint of the session: max(its tokens, m)
+    u            = uncached prompt tokens per reported call (the running mean)
     cost(w)      = miss(w)                     template tokens, if w does not hold the template
                  + pushed_out(w)               tokens of other sessions pushed past w's capacity
-                 + footprint(w) * scale(w)     what w's sessions hold and will keep asking of it
-                 + g * inflight(w)             calls running there now
+                 + excess(w)                   held(w), scaled to the mean capacity, beyond
+                                               balance_factor x the candidates' mean: a fair share
+                 + u * inflight(w)             calls running there now, each still owed its prefill
     new session  -> the cheapest candidate (ties: rendezvous hash)
     pin moves    -> its worker is down / draining / removed; or its prefix was lost there
                     (cached tokens dropped) and that worker is past its capacity ("evicted")
@@ -34,9 +37,26 @@ DRAINING = "draining"
 class Policy:
     """Tunables of the placement rule (defaults documented in docs/routing.md)."""
 
-    live_window: float = 60.0  # a session idle this long (s) is done: its KV no longer counts as held
+    live_window: float = 60.0  # a session idle this long (s) is done: its KV no longer counts as held ...
+    quiet_factor: float = 4.0  # ... or once quiet for this x its longest wait between a reply and its next call
+    min_quiet: float = 2.0  # ... but never less than this (s): a loop without tools still counts as one session
+    balance_factor: float = 1.25  # footprint up to this x the mean is a fair share; beyond it, excess work
     move_factor: float = 2.0  # a pin that lost its prefix moves when its worker's calls pass this x the mean ...
     slack: float = 2.0  # ... plus this many calls
+
+
+def quiet_after(pause_ms: int, policy: Policy) -> int:
+    """How long (ms) after a reply a session still counts in its worker's footprint.
+
+    An agent session ends without saying so. Until it has waited once between
+    a reply and its next call, ``live_window``; after that, ``quiet_factor``
+    times its longest such wait (tool time), within ``min_quiet`` and
+    ``live_window``.
+    """
+    live_ms = int(policy.live_window * 1000)
+    if pause_ms <= 0:
+        return live_ms
+    return min(live_ms, max(int(policy.min_quiet * 1000), int(policy.quiet_factor * pause_ms)))
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,7 @@ class Snapshot:
     pin: PinView | None = None
     template_workers: frozenset[str] = field(default_factory=frozenset)
     template_tokens: int = 0  # the session's template length (the route's token estimate)
+    call_tokens: float | None = None  # uncached prompt tokens per reported call; None: nothing reported yet
 
 
 @dataclass(frozen=True)
@@ -75,35 +96,66 @@ class Decision:
     epoch: int = 0
 
 
-def expected_footprint(workers: tuple[WorkerView, ...], tokens: int) -> float:
-    """What a session will hold: its own tokens, or the pool's mean live session footprint if larger."""
+def mean_session(workers: tuple[WorkerView, ...]) -> float:
+    """The pool's mean live session footprint (0 with no live session)."""
     total, count = 0.0, 0
     for w in workers:
         total = total + w.kv_tokens
         count = count + w.live_sessions
-    mean = total / count if count > 0 else 0.0
-    return max(float(tokens), mean)
+    return total / count if count > 0 else 0.0
 
 
-def cost(w: WorkerView, snapshot: Snapshot, g: float, mean_capacity: float) -> float:
+def expected_footprint(workers: tuple[WorkerView, ...], tokens: int) -> float:
+    """What a session will hold: its own tokens, or the pool's mean live session footprint if larger."""
+    return max(float(tokens), mean_session(workers))
+
+
+@dataclass(frozen=True)
+class Scale:
+    """What each candidate's cost is measured against (computed once per decision)."""
+
+    session_tokens: float  # the pool's mean live session footprint: what a young session grows to
+    mean_capacity: float  # footprints are scaled to it, so a worker of twice the memory counts half
+    fair_share: float  # balance_factor x the candidates' mean scaled footprint
+    call_tokens: float  # tokens of prefill one call in flight stands for
+
+
+def projected(w: WorkerView, session_tokens: float) -> float:
+    """What ``w``'s live sessions will hold: each at least the pool's mean session (young ones grow)."""
+    return max(float(w.kv_tokens), w.live_sessions * session_tokens)
+
+
+def scale_of(candidates: list[WorkerView], snapshot: Snapshot, policy: Policy) -> Scale:
+    m = mean_session(snapshot.workers)
+    total = 0.0
+    for w in candidates:
+        total = total + max(w.capacity, 1)
+    mean_capacity = total / len(candidates)
+    load = 0.0
+    for w in candidates:
+        load = load + projected(w, m) * (mean_capacity / max(w.capacity, 1))
+    u = snapshot.call_tokens if snapshot.call_tokens is not None else float(snapshot.template_tokens)
+    return Scale(m, mean_capacity, policy.balance_factor * (load / len(candidates)), u)
+
+
+def cost(w: WorkerView, snapshot: Snapshot, g: float, scale: Scale) -> float:
     """Tokens of prefill that placing the session on ``w`` costs, now and later (module docstring)."""
     miss = 0.0 if w.url in snapshot.template_workers else float(snapshot.template_tokens)
     cap = max(w.capacity, 1)
-    pushed = max(0.0, w.kv_tokens + g - cap) - max(0.0, float(w.kv_tokens - cap))
-    return miss + pushed + w.kv_tokens * (mean_capacity / cap) + g * w.inflight
+    held = projected(w, scale.session_tokens)
+    pushed = max(0.0, held + g - cap) - max(0.0, held - cap)
+    excess = max(0.0, held * (scale.mean_capacity / cap) - scale.fair_share)
+    return miss + pushed + excess + scale.call_tokens * w.inflight
 
 
-def _cheapest(session_id: str, workers: list[WorkerView], snapshot: Snapshot, g: float) -> WorkerView:
+def _cheapest(session_id: str, workers: list[WorkerView], snapshot: Snapshot, g: float, policy: Policy) -> WorkerView:
     # Ties (common on an idle fleet) go to the rendezvous winner, so processes agree.
-    total = 0.0
-    for w in workers:
-        total = total + max(w.capacity, 1)
-    mean_capacity = total / len(workers)
+    scale = scale_of(workers, snapshot, policy)
     best = workers[0]
-    best_cost = cost(best, snapshot, g, mean_capacity)
+    best_cost = cost(best, snapshot, g, scale)
     best_score = rendezvous_score(session_id, best.url)
     for w in workers[1:]:
-        c = cost(w, snapshot, g, mean_capacity)
+        c = cost(w, snapshot, g, scale)
         s = rendezvous_score(session_id, w.url)
         if c < best_cost or (c == best_cost and s > best_score):
             best, best_cost, best_score = w, c, s
@@ -150,7 +202,7 @@ def choose_worker(snapshot: Snapshot, session_id: str, policy: Policy = Policy()
     if reason == "evicted" and pin is not None:  # only where it fits: another full worker would evict it again
         candidates = [w for w in candidates if w.kv_tokens + pin.held <= w.capacity]
     g = expected_footprint(snapshot.workers, max(snapshot.template_tokens, pin.held if pin else 0))
-    chosen = _cheapest(session_id, candidates, snapshot, g)
+    chosen = _cheapest(session_id, candidates, snapshot, g, policy)
     if pin is not None:
         return Decision(chosen.url, f"moved:{reason}", pin.epoch + 1)
     outcome = "placed_template" if chosen.url in snapshot.template_workers else "placed_least_load"

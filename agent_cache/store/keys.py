@@ -104,3 +104,8 @@ def templates_in_use(prefix: str) -> str:
 
 def outcomes(prefix: str) -> str:
     return f"{tag(prefix)}:outcomes"
+
+
+def usage(prefix: str) -> str:
+    """Hash: ``uncached`` prompt tokens of every reported call, summed, and ``calls`` reported."""
+    return f"{tag(prefix)}:use"

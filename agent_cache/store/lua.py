@@ -87,13 +87,13 @@ local function detach(tag, url, held, active)
   redis.call('HINCRBY', tag .. ':w:' .. url, 'sessions', -1)
 end
 
-local function activate(tag, sk, member, url, held, active, now)
+local function activate(tag, sk, member, url, held, active, until_ms)
   if not active then
     if held ~= 0 then redis.call('HINCRBY', tag .. ':kv', url, held) end
     redis.call('HINCRBY', tag .. ':an', url, 1)
     redis.call('HSET', sk, 'active', '1')
   end
-  redis.call('ZADD', tag .. ':act', tostring(now), member)
+  redis.call('ZADD', tag .. ':act', tostring(until_ms), member)
 end
 """
 
@@ -132,9 +132,12 @@ local function apply_report(tag, member, worker, epoch, tid, tmember, p, c, now,
   local wk = tag .. ':w:' .. worker
   redis.call('HINCRBY', wk, 'prompt_tokens', p)
   redis.call('HINCRBY', wk, 'cached_tokens', c)
-  local rec = redis.call('HMGET', sk, 'worker', 'epoch', 'last_cached', 'held', 'active')
+  redis.call('HINCRBY', tag .. ':use', 'uncached', math.max(0, p - c))
+  redis.call('HINCRBY', tag .. ':use', 'calls', 1)
+  local rec = redis.call('HMGET', sk, 'worker', 'epoch', 'last_cached', 'held', 'active', 'quiet')
   if rec[1] == worker and tonumber(rec[2]) == epoch then
-    activate(tag, sk, member, worker, tonumber(rec[4] or '0'), rec[5] ~= '0', now)
+    -- the call ended: live while its next one may come
+    activate(tag, sk, member, worker, tonumber(rec[4] or '0'), rec[5] ~= '0', tonumber(now) + tonumber(rec[6] or '0'))
     redis.call('HINCRBY', sk, 'prompt_tokens', p)
     redis.call('HINCRBY', sk, 'cached_tokens', c)
     redis.call('HSET', sk, 'prev_cached', rec[3], 'last_cached', c, 'last_seen', now, 'held', p)
@@ -241,25 +244,34 @@ local now = tonumber(ARGV[7])
 local ttl = tonumber(ARGV[8])
 local window = tonumber(ARGV[9])
 local live_window = tonumber(ARGV[10])
-local move_factor = tonumber(ARGV[11])
-local slack = tonumber(ARGV[12])
-local est = tonumber(ARGV[13])
-local tmember = ARGV[14]
+local quiet_factor = tonumber(ARGV[11])
+local min_quiet = tonumber(ARGV[12])
+local balance_factor = tonumber(ARGV[13])
+local move_factor = tonumber(ARGV[14])
+local slack = tonumber(ARGV[15])
+local est = tonumber(ARGV[16])
+local tmember = ARGV[17]
 local skey, tkey = KEYS[1], KEYS[2]
 local ikey, kvkey, ankey = tag .. ':inflight', tag .. ':kv', tag .. ':an'
 local cutoff = now - ttl
 
-local lease_ms = tonumber(ARGV[16])
+local lease_ms = tonumber(ARGV[19])
 local skey_ttl = 2 * ttl
 local retention = math.max(ttl, 2 * window)
-purge(tag, now - live_window, cutoff, now - retention)  -- first: it frees memory even when Redis is at maxmemory
+purge(tag, now, cutoff, now - retention)  -- first: it frees memory even when Redis is at maxmemory
 reclaim_leases(tag, now)
-local source_at = apply_reports(tag, 17)  -- the router's queued usage, before the pin is read
+local source_at = apply_reports(tag, 20)  -- the router's queued usage, before the pin is read
 apply_releases(tag, source_at)
 
+-- placement.quiet_after
+local function quiet_after(pause)
+  if pause <= 0 then return live_window end
+  return math.min(live_window, math.max(min_quiet, math.floor(quiet_factor * pause)))
+end
+
 local rec = redis.call('HMGET', skey, 'worker', 'epoch', 'last_cached', 'prev_cached', 'last_seen', 'held', 'steps',
-  'active')
-local pin, held, steps = nil, 0, 0
+  'active', 'pause')
+local pin, held, steps, pause = nil, 0, 0, 0
 if rec[1] then
   if tonumber(rec[5]) < cutoff then  -- expired, not yet purged (purge is bounded per call)
     detach(tag, rec[1], tonumber(rec[6] or '0'), rec[8] ~= '0')
@@ -269,14 +281,15 @@ if rec[1] then
   else
     pin = {worker = rec[1], epoch = tonumber(rec[2]), last = tonumber(rec[3]), prev = tonumber(rec[4])}
     held, steps = tonumber(rec[6] or '0'), tonumber(rec[7] or '0')
+    pause = math.max(tonumber(rec[9] or '0'), now - tonumber(rec[5]))  -- the longest wait for its next call
     -- its history is live again before the decision weighs it
-    activate(tag, skey, member, rec[1], held, rec[8] ~= '0', now)
+    activate(tag, skey, member, rec[1], held, rec[8] ~= '0', now + live_window)
   end
 end
 
--- ARGV[15]: the pool's workers, one "url state capacity" line each
+-- ARGV[18]: the pool's workers, one "url state capacity" line each
 local urls, states, caps = {}, {}, {}
-for url, state, cap in string.gmatch(ARGV[15], '(%S+) (%S+) (%S+)\n') do
+for url, state, cap in string.gmatch(ARGV[18], '(%S+) (%S+) (%S+)\n') do
   local i = #urls + 1
   urls[i], states[i], caps[i] = url, state, tonumber(cap)
 end
@@ -300,33 +313,57 @@ local function score(url)
   return tonumber(string.sub(redis.sha1hex(sid .. '\n' .. url), 1, 12), 16)
 end
 
--- placement.expected_footprint
-local function expected(tokens)
+-- placement.mean_session
+local function mean_session()
   local total, count = 0.0, 0
   for i = 1, n do total = total + kvs[i]; count = count + ans[i] end
-  local mean = 0.0
-  if count > 0 then mean = total / count end
-  return math.max(tokens, mean)
+  if count > 0 then return total / count end
+  return 0.0
 end
 
--- placement.cost
-local function cost(i, g, mean_cap)
-  local miss = est
-  if holders[urls[i]] then miss = 0.0 end
-  local cap = math.max(caps[i], 1)
-  local pushed = math.max(0.0, kvs[i] + g - cap) - math.max(0.0, kvs[i] - cap)
-  return miss + pushed + kvs[i] * (mean_cap / cap) + g * infl[i]
+-- placement.expected_footprint
+local function expected(tokens)
+  return math.max(tokens, mean_session())
 end
 
-local function cheapest(idx, g)
+-- placement.projected
+local function projected(i, m)
+  return math.max(kvs[i], ans[i] * m)
+end
+
+-- placement.scale_of
+local function scale_of(idx)
+  local m = mean_session()
   local total = 0.0
   for _, i in ipairs(idx) do total = total + math.max(caps[i], 1) end
   local mean_cap = total / #idx
+  local load = 0.0
+  for _, i in ipairs(idx) do load = load + projected(i, m) * (mean_cap / math.max(caps[i], 1)) end
+  local use = redis.call('HMGET', tag .. ':use', 'uncached', 'calls')
+  local calls = tonumber(use[2] or '0')
+  local u = est
+  if calls > 0 then u = tonumber(use[1]) / calls end
+  return {m = m, mean_cap = mean_cap, fair = balance_factor * (load / #idx), u = u}
+end
+
+-- placement.cost
+local function cost(i, g, sc)
+  local miss = est
+  if holders[urls[i]] then miss = 0.0 end
+  local cap = math.max(caps[i], 1)
+  local held = projected(i, sc.m)
+  local pushed = math.max(0.0, held + g - cap) - math.max(0.0, held - cap)
+  local excess = math.max(0.0, held * (sc.mean_cap / cap) - sc.fair)
+  return miss + pushed + excess + sc.u * infl[i]
+end
+
+local function cheapest(idx, g)
+  local sc = scale_of(idx)
   local best = idx[1]
-  local bc, bs = cost(best, g, mean_cap), score(urls[best])
+  local bc, bs = cost(best, g, sc), score(urls[best])
   for j = 2, #idx do
     local i = idx[j]
-    local c, s = cost(i, g, mean_cap), score(urls[i])
+    local c, s = cost(i, g, sc), score(urls[i])
     if c < bc or (c == bc and s > bs) then best, bc, bs = i, c, s end
   end
   return best
@@ -397,10 +434,11 @@ if est > held then
   redis.call('HINCRBY', kvkey, chosen, est - held)
   held = est
 end
-redis.call('HSET', skey, 'last_seen', tostring(now), 'steps', steps + 1, 'held', held)
+redis.call('HSET', skey, 'last_seen', tostring(now), 'steps', steps + 1, 'held', held, 'pause', pause,
+  'quiet', quiet_after(pause))
 redis.call('PEXPIRE', skey, skey_ttl)
 redis.call('ZADD', tag .. ':live', tostring(now), member)
-if not pin then redis.call('ZADD', tag .. ':act', tostring(now), member) end  -- a pin was activated above
+if not pin then redis.call('ZADD', tag .. ':act', tostring(now + live_window), member) end  -- a pin was above
 redis.call('HINCRBY', ikey, chosen, 1)
 hold(tag, ARGV[source_at], chosen, now, lease_ms)
 if tid ~= '' then

@@ -7,12 +7,12 @@ than hopping to a thread (holding it for microseconds does not stall a loop).
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
+import heapq
 import threading
+from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
-from agent_cache.placement.rule import PinView, Policy, Snapshot, WorkerView, choose_worker
+from agent_cache.placement.rule import PinView, Policy, Snapshot, WorkerView, choose_worker, quiet_after
 from agent_cache.store.base import (
     DEFAULT_SESSION_TTL,
     DEFAULT_TEMPLATE_WINDOW,
@@ -69,10 +69,13 @@ class MemoryStore:
         self._template_use: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._workers: dict[str, _Worker] = {}
         self._outcomes: dict[str, int] = {}
+        self._usage = [0, 0]  # every reported call's uncached prompt tokens, summed; calls reported
         # every pinned session -> last use (ms), oldest first: expiry pops from the front
         self._live: OrderedDict[tuple[str, str], int] = OrderedDict()
-        # the sessions counted in their worker's footprint, the same way
-        self._active: OrderedDict[tuple[str, str], int] = OrderedDict()
+        # the sessions counted in their worker's footprint -> until when (ms), and a heap of (until, session)
+        # to find the ones gone quiet in O(log n); entries an update superseded are skipped as they surface
+        self._active: dict[tuple[str, str], int] = {}
+        self._quiet_at: list[tuple[int, tuple[str, str]]] = []
         self._released: dict[tuple[str, str], int] = {}  # (source, worker) -> last total applied
 
     # --- helpers (caller holds the lock) -------------------------------------
@@ -83,14 +86,12 @@ class MemoryStore:
             w = self._workers[url] = _Worker()
         return w
 
-    def _purge(self, now_ms: int, live_window: float) -> None:
-        # O(expired), not O(sessions): entries are kept in last-use order
-        idle = now_ms - to_ms(live_window)
-        while self._active:
-            key, seen = next(iter(self._active.items()))
-            if seen >= idle:
-                break
-            self._deactivate(self._sessions[key], key)  # expiry and moves take sessions out of _active
+    def _purge(self, now_ms: int) -> None:
+        # O(expired), not O(sessions): a heap of quiet times, and live sessions kept in last-use order
+        while self._quiet_at and self._quiet_at[0][0] < now_ms:
+            until, key = heapq.heappop(self._quiet_at)
+            if self._active.get(key) == until:  # else superseded, or expiry and moves took it out
+                self._deactivate(self._sessions[key], key)
         cutoff = now_ms - to_ms(self.session_ttl)
         while self._live:
             key, seen = next(iter(self._live.items()))
@@ -132,21 +133,23 @@ class MemoryStore:
         rec["active"] = False
         del self._active[key]
 
-    def _activate(self, rec: dict[str, Any], now_ms: int) -> None:
+    def _activate(self, rec: dict[str, Any], until_ms: int) -> None:
+        """Count the session in its worker's footprint until ``until_ms`` (or a later activation)."""
         key = (rec["tenant"], rec["session"])
         if not rec["active"]:
             w = self._worker(rec["worker"])
             w.kv_tokens += rec["held"]
             w.active += 1
             rec["active"] = True
-        self._active[key] = now_ms
-        self._active.move_to_end(key)
+        self._active[key] = until_ms
+        heapq.heappush(self._quiet_at, (until_ms, key))
+        if len(self._quiet_at) > 2 * len(self._active) + 1024:  # superseded entries: rebuild
+            self._quiet_at = [(t, k) for k, t in self._active.items()]
+            heapq.heapify(self._quiet_at)
 
     def _touch(self, key: tuple[str, str], now_ms: int) -> None:
         self._live[key] = now_ms
         self._live.move_to_end(key)
-        self._active[key] = now_ms
-        self._active.move_to_end(key)
 
     # --- sync face ------------------------------------------------------------
 
@@ -157,14 +160,17 @@ class MemoryStore:
         # ``lease`` is not needed here: this store lives and dies with its router
         now_ms = to_ms(now)
         key = (query.tenant, query.session_id)
+        live_ms = to_ms(policy.live_window)
         with self._lock:
             self._release(releases)
-            self._purge(now_ms, policy.live_window)
+            self._purge(now_ms)
             for r in reports:  # the router's queued usage, before the pin is read (as the Lua script)
                 self._apply_report(r)
             rec = self._sessions.get(key)
+            pause = 0
             if rec is not None:
-                self._activate(rec, now_ms)  # its history is live again before the decision weighs it
+                pause = max(rec["pause"], now_ms - rec["last_seen"])  # the longest wait for its next call
+                self._activate(rec, now_ms + live_ms)  # its history is live again before the decision weighs it
             views = []
             for spec in query.workers:
                 w = self._worker(spec.url)
@@ -177,28 +183,30 @@ class MemoryStore:
                 cutoff = now_ms - to_ms(self.template_window)
                 used = self._templates.get((query.tenant, query.template_id), {})
                 holders = frozenset(u for u, t in used.items() if t >= cutoff)
-            snapshot = Snapshot(tuple(views), pin, holders, query.prompt_tokens_estimate)
+            snapshot = Snapshot(tuple(views), pin, holders, query.prompt_tokens_estimate, self._call_tokens())
             decision = choose_worker(snapshot, query.session_id, policy)
             if decision.worker is None:
                 return RouteResult(None, decision.outcome, decision.epoch)
             previous = rec["worker"] if rec is not None and decision.outcome.startswith("moved:") else None
-            self._apply(query, rec, decision.worker, decision.outcome, decision.epoch, now_ms)
+            self._apply(query, rec, decision.worker, decision.outcome, decision.epoch, now_ms, pause, policy)
             return RouteResult(decision.worker, decision.outcome, decision.epoch, previous)
 
     def _apply(
-        self, query: RouteQuery, rec: dict[str, Any] | None, url: str, outcome: str, epoch: int, now_ms: int
+        self, query: RouteQuery, rec: dict[str, Any] | None, url: str, outcome: str, epoch: int, now_ms: int,
+        pause: int, policy: Policy,
     ) -> None:
         key = (query.tenant, query.session_id)
+        live_ms = to_ms(policy.live_window)
         w = self._worker(url)
         if rec is None:
             rec = self._sessions[key] = {
                 "worker": url, "template": query.template_id or "", "pool": query.pool,
                 "tenant": query.tenant, "session": query.session_id, "created": now_ms, "last_seen": now_ms,
                 "steps": 0, "prompt_tokens": 0, "cached_tokens": 0, "last_cached": 0, "prev_cached": 0,
-                "epoch": epoch, "held": 0, "active": False,
+                "epoch": epoch, "held": 0, "active": False, "pause": 0, "quiet": 0,
             }  # fmt: skip
             w.sessions += 1
-            self._activate(rec, now_ms)
+            self._activate(rec, now_ms + live_ms)
         elif outcome.startswith("moved:"):
             self._detach(rec)
             rec["worker"] = url
@@ -207,12 +215,14 @@ class MemoryStore:
             rec["prev_cached"] = 0
             # The new worker re-prefills the whole history, so it holds as much as before.
             w.sessions += 1
-            self._activate(rec, now_ms)
+            self._activate(rec, now_ms + live_ms)
         est = query.prompt_tokens_estimate
         if est > rec["held"]:
             w.kv_tokens += est - rec["held"]
             rec["held"] = est
         rec["last_seen"] = now_ms
+        rec["pause"] = pause
+        rec["quiet"] = quiet_after(pause, policy)
         rec["steps"] += 1
         self._touch(key, now_ms)
         w.inflight += 1
@@ -272,14 +282,20 @@ class MemoryStore:
             for r in reports:
                 self._apply_report(r)
 
+    def _call_tokens(self) -> float | None:
+        uncached, calls = self._usage
+        return uncached / calls if calls > 0 else None
+
     def _apply_report(self, r: UsageReport) -> None:
         now_ms = to_ms(r.now)
         w = self._worker(r.worker)
         w.prompt += r.prompt_tokens
         w.cached += r.cached_tokens
+        self._usage[0] += max(0, r.prompt_tokens - r.cached_tokens)
+        self._usage[1] += 1
         rec = self._sessions.get((r.tenant, r.session_id))
         if rec is not None and rec["worker"] == r.worker and rec["epoch"] == r.epoch:
-            self._activate(rec, now_ms)
+            self._activate(rec, now_ms + rec["quiet"])  # the call ended: live while its next one may come
             rec["prompt_tokens"] += r.prompt_tokens
             rec["cached_tokens"] += r.cached_tokens
             rec["prev_cached"] = rec["last_cached"]
@@ -393,6 +409,7 @@ class MemoryStore:
                 "templates_in_window": in_window,
                 "sessions": sum(w["sessions"] for w in workers.values()),
                 "outcomes": dict(self._outcomes),
+                "uncached_per_call": self._call_tokens(),
             }
 
     def ping(self) -> None:

@@ -486,14 +486,15 @@ class RedisStore:
 
 _INT_FIELDS = (
     "created", "last_seen", "steps", "prompt_tokens", "cached_tokens", "last_cached", "prev_cached", "epoch",
-    "held", "active",
+    "held", "active", "pause", "quiet",
 )  # fmt: skip
 
 
 @lru_cache(maxsize=64)
 def _policy_args(policy: Policy) -> tuple[str, ...]:
     # repr of a float round-trips exactly, so Lua computes with the same values as Python
-    return (str(to_ms(policy.live_window)), repr(float(policy.move_factor)), repr(float(policy.slack)))
+    return (str(to_ms(policy.live_window)), repr(float(policy.quiet_factor)), str(to_ms(policy.min_quiet)),
+            repr(float(policy.balance_factor)), repr(float(policy.move_factor)), repr(float(policy.slack)))
 
 
 def _workers_arg(workers: tuple[WorkerSpec, ...]) -> str:
@@ -551,7 +552,8 @@ def _collect_stats(store: RedisStore, client: Any, now: float, with_templates: b
         pipe.zrangebyscore(keys.template(p, tenant, tid), window, "+inf")
         pipe.hgetall(keys.template_stats(p, tenant, tid))
     pipe.hgetall(keys.outcomes(p))
-    inflight, kv, live_sessions, *res = pipe.execute()
+    pipe.hmget(keys.usage(p), "uncached", "calls")
+    inflight, kv, live_sessions, *res, usage = pipe.execute()
     # counts of routers whose lease ended (killed clients): the next route reclaims them; not counted here
     for source in client.zrangebyscore(keys.leases(p), "-inf", f"({now_ms}"):
         for url, count in client.hgetall(keys.lease(p, source.decode())).items():
@@ -580,10 +582,12 @@ def _collect_stats(store: RedisStore, client: Any, now: float, with_templates: b
             "cached_tokens": st.get("cached_tokens", 0),
         }
     outcomes = {k.decode(): int(v) for k, v in res[-1].items()}
+    uncached, calls = (int(x or 0) for x in usage)
     return {
         "workers": out_workers,
         "templates": out_templates,
         "templates_in_window": in_window,
         "sessions": sum(w["sessions"] for w in out_workers.values()),
         "outcomes": outcomes,
+        "uncached_per_call": uncached / calls if calls > 0 else None,
     }

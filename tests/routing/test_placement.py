@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agent_cache.placement.hashing import pool_for_session, rendezvous_pick
 from agent_cache.placement.rule import (
     DOWN,
     DRAINING,
     PinView,
     Snapshot,
+    Policy,
     WorkerView,
     choose_worker,
     cost,
     expected_footprint,
+    mean_session,
+    projected,
+    quiet_after,
+    scale_of,
 )
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
@@ -30,8 +37,12 @@ def test_reuse_a_holder_whose_extra_footprint_is_below_the_template():
     assert (d.worker, d.outcome, d.epoch) == (A, "placed_template", 1)
 
 
-def test_spill_when_the_holder_holds_more_than_the_template_saves():
-    d = choose_worker(Snapshot(views(4_000, 0, 0), None, frozenset({A}), 3_000), "s1")
+def test_spill_when_the_holders_excess_over_a_fair_share_passes_what_reuse_saves():
+    # the pool's mean is a third of A's footprint, so A's fair share (1.25 x the mean) is 5/12 of it:
+    # at 5,000 tokens A exceeds it by 2,917 < 3,000: reuse still pays
+    assert choose_worker(Snapshot(views(5_000, 0, 0), None, frozenset({A}), 3_000), "s1").worker == A
+    # at 5,500 by 3,208 > 3,000: spill
+    d = choose_worker(Snapshot(views(5_500, 0, 0), None, frozenset({A}), 3_000), "s1")
     assert d.outcome == "placed_least_load" and d.worker in (B, C)
 
 
@@ -42,14 +53,25 @@ def test_a_full_worker_is_avoided():
     s = Snapshot(ws, None, frozenset({B}), 3_000)
     g = expected_footprint(ws, 3_000)
     assert g == 5_000  # the mean live session holds more than the template
-    assert cost(ws[1], s, g, 10_000) == 0 + 5_000 + 10_000  # no miss, pushes 5,000 out, holds 10,000
-    assert cost(ws[0], s, g, 10_000) == 3_000
+    scale = scale_of(list(ws), s, Policy())
+    assert scale.fair_share == pytest.approx(1.25 * 10_000 / 3) and scale.call_tokens == 3_000
+    # no miss, pushes 5,000 out, 5,833 beyond its fair share
+    assert cost(ws[1], s, g, scale) == pytest.approx(0 + 5_000 + (10_000 - 1.25 * 10_000 / 3))
+    assert cost(ws[0], s, g, scale) == 3_000
     assert choose_worker(s, "s").worker in (A, C)
 
 
 def test_calls_in_flight_count_as_work():
+    # before any usage is reported, a call in flight stands for the template's tokens
     d = choose_worker(Snapshot(views(0, 0, 0, inflight=(3, 0, 0)), None, frozenset({A}), 1_000), "s")
     assert d.worker in (B, C)
+
+
+def test_a_call_in_flight_weighs_the_uncached_tokens_reported_per_call():
+    # 300 uncached tokens per call: three calls in flight (900) cost less than a 1,000-token miss
+    busy = views(0, 0, 0, inflight=(3, 0, 0))
+    assert choose_worker(Snapshot(busy, None, frozenset({A}), 1_000, call_tokens=300.0), "s").worker == A
+    assert choose_worker(Snapshot(busy, None, frozenset({A}), 1_000, call_tokens=400.0), "s").worker in (B, C)
 
 
 def test_a_trickle_of_one_agents_sessions_spreads():
@@ -64,7 +86,27 @@ def test_a_trickle_of_one_agents_sessions_spreads():
         fp[d.worker] += 5_000
         holders.add(d.worker)
         used.append(d.worker)
-    assert set(used) == {A, B, C} and max(fp.values()) - min(fp.values()) <= 5_000
+    # every worker takes sessions; none holds more than its fair share (1.25 x the mean) plus what reuse
+    # saves (the template) and the session that crossed it
+    assert set(used) == {A, B, C} and max(fp.values()) <= 1.25 * sum(fp.values()) / 3 + 3_000 + 5_000, fp
+
+
+def test_young_sessions_count_as_what_the_pools_sessions_hold():
+    # A's six sessions just started (3,000 tokens in all), B's one holds 9,000: the pool's mean session
+    # holds 12,000 / 7, so A's will hold about 10,286 and B is the lighter worker
+    ws = (WorkerView(A, kv_tokens=3_000, capacity=CAP, live_sessions=6),
+          WorkerView(B, kv_tokens=9_000, capacity=CAP, live_sessions=1))
+    assert projected(ws[0], mean_session(ws)) == pytest.approx(6 * 12_000 / 7)
+    for i in range(20):
+        assert choose_worker(Snapshot(ws), f"s{i}", Policy(balance_factor=1.0)).worker == B
+
+
+def test_a_session_counts_until_quiet_for_four_times_its_longest_pause():
+    p = Policy()  # live window 60 s, quiet factor 4, at least 2 s
+    assert quiet_after(0, p) == 60_000  # no pause seen yet: the live window
+    assert quiet_after(3_000, p) == 12_000
+    assert quiet_after(100, p) == 2_000  # a loop without tools: the floor
+    assert quiet_after(20_000, p) == 60_000  # never longer than the live window
 
 
 def test_ties_broken_by_rendezvous_hash():

@@ -108,8 +108,9 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
     rng = random.Random(seed)
     urls = [f"http://w{i}:8000" for i in range(rng.randint(2, 5))]
     caps = {u: rng.choice([1000, 5000, 20000]) for u in urls}
-    policy = Policy(live_window=rng.choice([1.0, 5.0, 60.0]), move_factor=rng.choice([1.0, 2.0]),
-                    slack=rng.choice([0.0, 1.0, 2.0]))
+    policy = Policy(live_window=rng.choice([1.0, 5.0, 60.0]), quiet_factor=rng.choice([1.0, 4.0]),
+                    min_quiet=rng.choice([0.0, 2.0]), balance_factor=rng.choice([1.0, 1.25, 2.0]),
+                    move_factor=rng.choice([1.0, 2.0]), slack=rng.choice([0.0, 1.0, 2.0]))
     now = 1_000.0
     live: list[tuple[str, str, int, str, str | None]] = []
     ledger = PendingReleases()  # releases carried by the next route or report, as the router does
@@ -167,6 +168,7 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
         for field in ("inflight", "kv_tokens", "live_sessions", "sessions", "prompt_tokens", "cached_tokens"):
             assert w[field] == rb["workers"].get(url, {}).get(field, 0), (seed, url, field)
     assert ma["outcomes"] == rb["outcomes"]
+    assert ma["uncached_per_call"] == rb["uncached_per_call"], seed  # what a call in flight weighs
     for tid in ("default/t1", "default/t2", "default/t3", "acme/t1", "acme/t2", "acme/t3"):
         assert (ma["templates"].get(tid, {}).get("workers") == rb["templates"].get(tid, {}).get("workers")), (seed, tid)
     return compared
@@ -214,6 +216,31 @@ def test_lua_and_python_move_a_session_that_lost_its_prefix_alike(redis_server, 
     assert results[0] == results[1]
     outcomes = [o for _, o, _ in results[0][1]]
     assert outcomes[0] == "moved:evicted" and "moved:overloaded" in outcomes, outcomes
+
+
+def test_a_session_counts_in_the_footprint_until_quiet_for_four_times_its_longest_pause(redis_server, prefix):
+    """Agent sessions end without saying so: one that paused 2 s between calls is done after 8 s of quiet."""
+
+    def live(store, now: float) -> int:
+        return sum(w["live_sessions"] for w in store.stats(now)["workers"].values())
+
+    seen = []
+    for store in (MemoryStore(), RedisStore(redis_server.url, prefix=prefix)):
+        r = store.route(q("s1", est=1000), P, 0.0)
+        store.report("default", "s1", r.worker, r.epoch, "t1", 1200, 0, 1.0)  # no pause yet: the live window
+        store.route(q("s1"), P, 3.0)  # a 2 s pause (tool time)
+        store.report("default", "s1", r.worker, r.epoch, "t1", 1500, 1000, 4.0)  # counted until 4 + 4 x 2
+        store.route(q("s2", tid="t2"), P, 11.9)
+        at_11_9 = live(store, 11.9)
+        store.route(q("s3", tid="t3"), P, 12.1)  # the next decision takes s1 out
+        at_12_1 = live(store, 12.1)
+        kv = store.stats(12.1)["workers"][r.worker]["kv_tokens"]
+        back = store.route(q("s1"), P, 13.0)  # and its next call brings it back, still pinned
+        seen.append((at_11_9, at_12_1, kv, back.outcome, live(store, 13.0)))
+        store.close()
+    assert seen[0] == seen[1]
+    assert seen[0][:2] == (2, 2) and seen[0][3:] == ("pinned", 3), seen  # s1 and s2; then s2 and s3
+    assert seen[0][2] == 0  # s1's 1,500 tokens no longer count on its worker (s2 and s3 hold none)
 
 
 # --- many processes placing the same new sessions at once ------------------------
