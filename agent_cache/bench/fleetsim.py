@@ -91,6 +91,7 @@ class RunResult:
     imbalance_sum: float = 0.0
     imbalance_samples: int = 0
     moves: dict[str, int] = field(default_factory=dict)  # pin moves by reason
+    placements: dict[str, int] = field(default_factory=dict)  # agent-cache's new sessions by outcome
     evicted_tokens: int = 0
     recomputed_tokens: int = 0  # prompt tokens of a session's own earlier calls prefilled again
     working_set_tokens: int = 0  # peak over time of the live sessions' context tokens, summed
@@ -258,6 +259,7 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
     if shared is not None:
         res.peak_kv_tokens = shared.total_tokens  # everything ever produced: the "infinite" cache
     res.moves = dict(policy.moves)
+    res.placements = dict(policy.placements)
     res.evicted_tokens = sum(m.cache.evicted_tokens for m in models) if shared is None else 0
     res.retractions = sum(m.counters.retractions for m in models)
     res.wall_s = time.perf_counter() - wall0

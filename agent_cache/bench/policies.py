@@ -63,6 +63,7 @@ class RoutingPolicy:
         self.seed = seed
         self.now = 0.0  # the fleet's virtual clock, set before every call into the policy
         self.moves: dict[str, int] = {}  # pin moves by reason
+        self.placements: dict[str, int] = {}  # new sessions by outcome (placed_template, placed_least_load)
 
     def route(self, call: Dispatch, fleet: FleetView) -> int:
         raise NotImplementedError
@@ -184,6 +185,8 @@ class AgentCache(RoutingPolicy):
         if placement.outcome.startswith("moved:"):
             reason = placement.outcome.split(":", 1)[1]
             self.moves[reason] = self.moves.get(reason, 0) + 1
+        elif placement.outcome.startswith("placed_"):
+            self.placements[placement.outcome] = self.placements.get(placement.outcome, 0) + 1
         call.handle = placement
         return self._index[placement.worker]
 
@@ -237,13 +240,16 @@ POLICIES: dict[str, type[RoutingPolicy]] = {p.name: p for p in (
 
 
 def make_policies(names: Sequence[str], workers: int, replicas: int, seed: int, *, capacity: int = 400_000,
-                  redis_url: str | None = None) -> list[RoutingPolicy]:
-    """Fresh policies; agent-cache's routers learn ``capacity`` per worker (as from ``/server_info``)."""
+                  redis_url: str | None = None, placement: Policy | None = None) -> list[RoutingPolicy]:
+    """Fresh policies; agent-cache's routers learn ``capacity`` per worker (as from ``/server_info``).
+
+    ``placement``: agent-cache's placement tunables (default: ``Policy()``).
+    """
     out: list[RoutingPolicy] = []
     for n in names:
         cls = POLICIES[n]
         if issubclass(cls, AgentCache):
-            out.append(cls(workers, replicas, seed, capacity=capacity, redis_url=redis_url))
+            out.append(cls(workers, replicas, seed, capacity=capacity, redis_url=redis_url, policy=placement))
         else:
             out.append(cls(workers, replicas, seed))
     return out

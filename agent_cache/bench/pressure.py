@@ -25,6 +25,7 @@ from agent_cache.bench import report
 from agent_cache.bench.fleetsim import FleetConfig, RunResult, simulate
 from agent_cache.bench.policies import make_policies
 from agent_cache.bench.workloads import SessionSpec
+from agent_cache.placement.rule import Policy
 
 POLICIES = ("least-load", "consistent-hash", "agent-cache", "oracle")
 MULTIPLES = (1.0, 1.5, 3.0)
@@ -104,7 +105,8 @@ def run(args: argparse.Namespace, workers: int, log: Callable[[str], None],
             cap = max(1, math.ceil(mult * ws / workers))
             cfg = dataclasses.replace(base, capacity_tokens=cap)
             rows = {}
-            for pol in make_policies(names, workers, base.replicas, args.seed, capacity=cap, redis_url=args.redis):
+            for pol in make_policies(names, workers, base.replicas, args.seed, capacity=cap, redis_url=args.redis,
+                                     placement=args.placement):
                 rows[pol.name] = _row(simulate(sessions, pol, cfg))
                 log(f"{kind} x{mult:g} ({cap:,} tokens/worker) {pol.name}: hit "
                     f"{rows[pol.name]['token_hit_rate']:.1%}, p99 {rows[pol.name]['ttft_p99_s'] * 1000:.0f} ms")
@@ -114,7 +116,7 @@ def run(args: argparse.Namespace, workers: int, log: Callable[[str], None],
 
             def run_at(r: float, name: str = name) -> dict[str, Any]:
                 (pol,) = make_policies((name,), workers, base.replicas, args.seed, capacity=cfg.capacity_tokens,
-                                       redis_url=args.redis)
+                                       redis_url=args.redis, placement=args.placement)
                 row = _row(simulate(build(r), pol, cfg))
                 log(f"{kind} rate {r:.3g}/s {name}: p99 {row['ttft_p99_s'] * 1000:.0f} ms")
                 return row
@@ -125,7 +127,8 @@ def run(args: argparse.Namespace, workers: int, log: Callable[[str], None],
         out[kind] = entry
     config = {"preset": "pressure", "engine": "sim", "workers": workers, "replicas": args.replicas,
               "multiples": list(MULTIPLES), "slo_ttft_p99_s": args.slo_ttft_p99, "seed": args.seed,
-              "metadata_store": "redis" if args.redis else "memory", "wall_s": round(time.perf_counter() - t0, 1)}
+              "metadata_store": "redis" if args.redis else "memory",
+              "placement": dataclasses.asdict(args.placement or Policy()), "wall_s": round(time.perf_counter() - t0, 1)}
     return {"config": config, "pressure": out}
 
 

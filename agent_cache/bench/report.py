@@ -71,6 +71,7 @@ def metrics(res: RunResult, oracle_hit_rate: float | None, model: ModelConfig = 
         "load_imbalance": res.imbalance_sum / res.imbalance_samples if res.imbalance_samples else 0.0,
         "moves": sum(res.moves.values()),
         "moves_by_reason": dict(res.moves),
+        "placements_by_outcome": dict(res.placements),
         "evicted_tokens": res.evicted_tokens,
         "recomputed_tokens": res.recomputed_tokens,
         "working_set_tokens": res.working_set_tokens,

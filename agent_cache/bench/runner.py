@@ -38,6 +38,8 @@ from agent_cache.bench.policies import POLICIES, make_policies
 from agent_cache.bench.realload import REAL_POLICIES
 from agent_cache.bench.workloads import KINDS, SessionSpec, WorkloadParams, generate, load_trace
 from agent_cache.errors import AgentCacheError, ConfigError
+from agent_cache.placement.rule import Policy
+from agent_cache.routing.config import check_policy
 
 ALL_POLICIES = tuple(POLICIES)
 _SWEEP_POLICIES = ("round-robin", "least-load", "consistent-hash", "agent-cache", "agent-cache-no-templates",
@@ -112,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis", metavar="URL", help="Redis for agent-cache's metadata (sim engine: the routers run "
                    "the real Lua scripts on it, default: the in-process store; real engine, default: a private "
                    "redis-server); the run's keys are deleted at the end")
+    p.add_argument("--placement", type=placement_arg, metavar="FIELD=VALUE[,...]",
+                   help="sim engine: agent-cache's placement Policy fields, e.g. balance_factor=1.5,quiet_factor=8 "
+                        "(default: the defaults of docs/routing.md)")
     p.add_argument("--gateways", type=int, default=1, metavar="K",
                    help="real engine: smg gateways per smg policy, joined in smg's mesh, each call sent to the next "
                         "one in turn (default 1)")
@@ -137,6 +142,8 @@ def _check(args: argparse.Namespace) -> None:
     if args.trace and not os.path.isfile(args.trace):
         raise ConfigError("--trace", f"no such file: {args.trace}")
     if args.engine == "real":
+        if args.placement is not None:
+            raise ConfigError("--placement", "applies only to --engine sim")
         from agent_cache.bench import realengine
 
         realengine.check(args)
@@ -167,6 +174,25 @@ def capacity_arg(text: str) -> int | float:
     return value
 
 
+def placement_arg(text: str) -> Policy:
+    """``--placement``: ``field=value`` pairs of :class:`Policy`, comma-separated (numbers only)."""
+    fields = {f.name for f in dataclasses.fields(Policy)}
+    values: dict[str, float] = {}
+    for pair in filter(None, (t.strip() for t in text.split(","))):
+        name, sep, raw = pair.partition("=")
+        if name not in fields or not sep:
+            raise argparse.ArgumentTypeError(f"expected FIELD=VALUE with FIELD one of {', '.join(sorted(fields))}, "
+                                             f"got {pair!r}")
+        try:
+            values[name] = float(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: expected a number, got {raw!r}") from None
+    try:
+        return check_policy(Policy(**values))
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _workload(args: argparse.Namespace, preset: Preset, sessions: int, rate: float | None,
               kind: str | None = None) -> list[SessionSpec]:
     if args.trace:
@@ -192,9 +218,10 @@ def resolve_capacity(capacity: int | float | None, default: int, sessions: list[
 
 def _run_all(sessions: list[SessionSpec], names: Sequence[str], cfg: FleetConfig, seed: int,
              log: Callable[[str], None], label: str = "", progress: bool = True,
-             redis_url: str | None = None) -> list[RunResult]:
+             redis_url: str | None = None, placement: Policy | None = None) -> list[RunResult]:
     out = []
-    for pol in make_policies(names, cfg.workers, cfg.replicas, seed, capacity=cfg.capacity_tokens, redis_url=redis_url):
+    for pol in make_policies(names, cfg.workers, cfg.replicas, seed, capacity=cfg.capacity_tokens, redis_url=redis_url,
+                             placement=placement):
         tag = f"{label}{pol.name}"
         res = simulate(sessions, pol, cfg, stderr_progress(tag) if progress else None)
         log(f"{tag}: {res.sessions_done}/{res.sessions} sessions, {res.calls} calls, {res.wall_s:.1f} s")
@@ -238,7 +265,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = dataclasses.replace(cfg, capacity_tokens=capacity)
     if ws is not None:
         log(f"working set {ws:,} tokens: {capacity:,} KV tokens per worker ({args.capacity_tokens:g} x)")
-    results = _run_all(sessions, names, cfg, args.seed, log, progress=not args.quiet, redis_url=args.redis)
+    results = _run_all(sessions, names, cfg, args.seed, log, progress=not args.quiet, redis_url=args.redis,
+                       placement=args.placement)
     oracle = next((r for r in results if r.policy == "oracle"), None)
     config = {
         "preset": args.preset, "engine": "sim", "workload": "trace" if args.trace else (args.workload or preset.kind),
@@ -249,6 +277,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "metadata_store": "redis" if args.redis else "memory", "arrivals": args.arrivals, "capacity_tokens_per_worker": cfg.capacity_tokens,
         "page_size": cfg.page_size, "seed": args.seed, "model": cfg.latency.model.name, "gpu": cfg.latency.gpu.name,
         "max_running_requests": cfg.scheduler_config("radix").running_limit, "schedule_policy": cfg.schedule_policy,
+        "placement": dataclasses.asdict(args.placement or Policy()),
     }
     doc: dict[str, Any] = {"config": config, "policies": report.all_metrics(results)}
     sweep_names = tuple(n for n in _SWEEP_POLICIES if n in names)
@@ -257,7 +286,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ys: dict[str, list[float]] = {n: [] for n in sweep_names}
         for cap in preset.capacity_sweep:
             for r in _run_all(small, sweep_names, dataclasses.replace(cfg, capacity_tokens=cap), args.seed, log,
-                              f"capacity={cap} ", progress=False, redis_url=args.redis):
+                              f"capacity={cap} ", progress=False, redis_url=args.redis, placement=args.placement):
                 ys[r.policy].append(_hit(r))
         doc["capacity_sweep"] = {"x_label": "capacity_tokens", "x": list(preset.capacity_sweep), "y": ys,
                                  "sessions": len(small), "metric": "token_hit_rate"}
@@ -270,7 +299,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for x in values:
                 changes: dict[str, Any] = {label: x}  # label names a FleetConfig field (workers, replicas)
                 for r in _run_all(small, sweep_names, dataclasses.replace(cfg, **changes), args.seed, log,
-                                  f"{label}={x} ", progress=False, redis_url=args.redis):
+                                  f"{label}={x} ", progress=False, redis_url=args.redis, placement=args.placement):
                     ys[r.policy].append(_hit(r))
             doc[key] = {"x_label": label, "x": list(values), "y": ys, "sessions": len(small),
                         "metric": "token_hit_rate"}
@@ -278,7 +307,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         p99s: dict[str, list[float]] = {n: [] for n in sweep_names}
         for load in preset.load_sweep:
             loaded = _workload(args, preset, min(preset.sweep_sessions, n_sessions), load)
-            for r in _run_all(loaded, sweep_names, cfg, args.seed, log, f"rate={load:g} ", progress=False, redis_url=args.redis):
+            for r in _run_all(loaded, sweep_names, cfg, args.seed, log, f"rate={load:g} ", progress=False,
+                              redis_url=args.redis, placement=args.placement):
                 ys[r.policy].append(_throughput(r))
                 p99s[r.policy].append(report.quantile(sorted(r.ttfts), 0.99))
         doc["load_sweep"] = {"x_label": "rate", "x": list(preset.load_sweep), "y": ys, "ttft_p99_s": p99s,

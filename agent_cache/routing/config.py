@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 from agent_cache.backends.request_check import check_text
 from agent_cache.backends.sglang import normalize_worker_url
 from agent_cache.errors import ConfigError
+from agent_cache.placement.rule import Policy
 
 DEFAULT_POOL = "default"
 # A session id is part of every store key of its session (three times in
@@ -55,6 +56,18 @@ def parse_worker(w: str | Mapping[str, Any], field: str) -> WorkerConfig:
             raise ConfigError(f"{field}.pool", f"expected a non-empty string, got {pool!r}")
         return WorkerConfig(normalize_worker_url(w["url"], field), pool)
     raise ConfigError(field, f"expected a URL string or a dict, got {type(w).__name__}")
+
+
+def check_policy(policy: Policy) -> Policy:
+    """``policy`` if its values make sense (ConfigError naming the field otherwise)."""
+    if not policy.live_window > 0:
+        raise ConfigError("policy.live_window", f"must be positive, got {policy.live_window}")
+    if not policy.balance_factor >= 1:
+        raise ConfigError("policy.balance_factor", f"must be at least 1 (the mean itself), got {policy.balance_factor}")
+    for name in ("quiet_factor", "min_quiet", "move_factor", "slack"):
+        if not getattr(policy, name) >= 0:
+            raise ConfigError(f"policy.{name}", f"must not be negative, got {getattr(policy, name)}")
+    return policy
 
 
 def parse_pools(pools: Mapping[str, float] | None, known: set[str]) -> dict[str, float] | None:

@@ -33,6 +33,7 @@ from agent_cache.errors import (
 from agent_cache.routing.config import (
     DEFAULT_POOL,
     WorkerConfig,
+    check_policy,
     check_tenant,
     parse_pools,
     parse_worker,
@@ -154,7 +155,7 @@ class Router:
 
             store = RedisStore(redis_url, prefix=prefix, session_ttl=session_ttl)
         self.store: MetadataStore = store if store is not None else MemoryStore(session_ttl=session_ttl)
-        self.policy = policy or Policy()
+        self.policy = check_policy(policy or Policy())
         self.max_attempts = max_attempts
         self.default_capacity = default_capacity
         self._capacity: dict[str, int] = dict(capacities or {})

@@ -105,11 +105,28 @@ def test_trace_replay_completes_every_call(tmp_path) -> None:
     (["--policies", "round-robin,psychic"], "--policies"),
     (["--trace", "/nonexistent/trace.jsonl"], "--trace"),
     (["--slo-ttft-p99", "0"], "--slo-ttft-p99"),
+    (["--placement", "balance=2"], "--placement"),
+    (["--placement", "balance_factor=high"], "balance_factor"),
+    (["--engine", "real", "--placement", "balance_factor=2"], "--placement"),
 ])
 def test_bad_input_exits_2_naming_the_flag(argv, flag, tmp_path, capsys) -> None:
     assert main_bench([*argv, "--out", str(tmp_path), "--quiet"]) == 2
     assert flag in capsys.readouterr().err
     assert not (tmp_path / "results.json").exists()
+
+
+def test_placement_tunables_reach_the_router(tmp_path) -> None:
+    """--placement builds agent-cache's Policy: a larger fair share keeps more sessions on template holders."""
+    placed = {}
+    for factor in ("1.0", "3.0"):
+        out = tmp_path / factor
+        argv = ["--preset", "quick", "--sessions", "120", "--policies", "agent-cache", "--no-sweeps", "--no-plots",
+                "--placement", f"balance_factor={factor},quiet_factor=4", "--out", str(out), "--quiet"]
+        assert main_bench(argv) == 0
+        doc = json.loads((out / "results.json").read_text())
+        assert doc["config"]["placement"]["balance_factor"] == float(factor)
+        placed[factor] = doc["policies"]["agent-cache"]["token_hit_rate"]
+    assert placed["3.0"] > placed["1.0"], placed
 
 
 def test_module_entry_point(tmp_path) -> None:

@@ -40,6 +40,17 @@ def test_bad_pools(pools):
     assert e.value.field == "pools"
 
 
+@pytest.mark.parametrize("field, value", [
+    ("live_window", 0.0), ("quiet_factor", -1.0), ("min_quiet", -0.5), ("balance_factor", 0.9), ("slack", -1.0),
+])
+def test_bad_policy_values(field, value):
+    from agent_cache.placement import Policy
+
+    with pytest.raises(ConfigError) as e:
+        Router(["http://a:1"], policy=Policy(**{field: value}), probe_interval=None)
+    assert e.value.field == f"policy.{field}"
+
+
 def test_sentinel_and_unix_urls_construct():
     from agent_cache.store import RedisStore
 
