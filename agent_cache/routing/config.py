@@ -60,6 +60,9 @@ def parse_worker(w: str | Mapping[str, Any], field: str) -> WorkerConfig:
 
 def check_policy(policy: Policy) -> Policy:
     """``policy`` if its values make sense (ConfigError naming the field otherwise)."""
+    for name in ("live_window", "quiet_factor", "min_quiet", "balance_factor", "move_factor", "slack"):
+        if not math.isfinite(getattr(policy, name)):
+            raise ConfigError(f"policy.{name}", f"must be a finite number, got {getattr(policy, name)}")
     if not policy.live_window > 0:
         raise ConfigError("policy.live_window", f"must be positive, got {policy.live_window}")
     if not policy.balance_factor >= 1:

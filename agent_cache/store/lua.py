@@ -136,8 +136,12 @@ local function apply_report(tag, member, worker, epoch, tid, tmember, p, c, now,
   redis.call('HINCRBY', tag .. ':use', 'calls', 1)
   local rec = redis.call('HMGET', sk, 'worker', 'epoch', 'last_cached', 'held', 'active', 'quiet')
   if rec[1] == worker and tonumber(rec[2]) == epoch then
-    -- the call ended: live while its next one may come
-    activate(tag, sk, member, worker, tonumber(rec[4] or '0'), rec[5] ~= '0', tonumber(now) + tonumber(rec[6] or '0'))
+    local open = redis.call('HINCRBY', sk, 'open', -1)
+    if open < 0 then redis.call('HSET', sk, 'open', 0); open = 0 end
+    if open == 0 or rec[5] == '0' then  -- else another call is running: its route's time stands
+      -- the call ended: live while its next one may come
+      activate(tag, sk, member, worker, tonumber(rec[4] or '0'), rec[5] ~= '0', tonumber(now) + tonumber(rec[6] or '0'))
+    end
     redis.call('HINCRBY', sk, 'prompt_tokens', p)
     redis.call('HINCRBY', sk, 'cached_tokens', c)
     redis.call('HSET', sk, 'prev_cached', rec[3], 'last_cached', c, 'last_seen', now, 'held', p)
@@ -436,6 +440,11 @@ if est > held then
 end
 redis.call('HSET', skey, 'last_seen', tostring(now), 'steps', steps + 1, 'held', held, 'pause', pause,
   'quiet', quiet_after(pause))
+if outcome == 'pinned' then  -- its calls routed and not reported
+  redis.call('HINCRBY', skey, 'open', 1)
+else
+  redis.call('HSET', skey, 'open', 1)
+end
 redis.call('PEXPIRE', skey, skey_ttl)
 redis.call('ZADD', tag .. ':live', tostring(now), member)
 if not pin then redis.call('ZADD', tag .. ':act', tostring(now + live_window), member) end  -- a pin was above

@@ -203,7 +203,7 @@ class MemoryStore:
                 "worker": url, "template": query.template_id or "", "pool": query.pool,
                 "tenant": query.tenant, "session": query.session_id, "created": now_ms, "last_seen": now_ms,
                 "steps": 0, "prompt_tokens": 0, "cached_tokens": 0, "last_cached": 0, "prev_cached": 0,
-                "epoch": epoch, "held": 0, "active": False, "pause": 0, "quiet": 0,
+                "epoch": epoch, "held": 0, "active": False, "pause": 0, "quiet": 0, "open": 0,
             }  # fmt: skip
             w.sessions += 1
             self._activate(rec, now_ms + live_ms)
@@ -223,6 +223,7 @@ class MemoryStore:
         rec["last_seen"] = now_ms
         rec["pause"] = pause
         rec["quiet"] = quiet_after(pause, policy)
+        rec["open"] = rec["open"] + 1 if outcome == "pinned" else 1  # its calls routed and not reported
         rec["steps"] += 1
         self._touch(key, now_ms)
         w.inflight += 1
@@ -295,7 +296,9 @@ class MemoryStore:
         self._usage[1] += 1
         rec = self._sessions.get((r.tenant, r.session_id))
         if rec is not None and rec["worker"] == r.worker and rec["epoch"] == r.epoch:
-            self._activate(rec, now_ms + rec["quiet"])  # the call ended: live while its next one may come
+            rec["open"] = max(0, rec["open"] - 1)
+            if rec["open"] == 0 or not rec["active"]:  # else another call is running: its route's time stands
+                self._activate(rec, now_ms + rec["quiet"])  # the call ended: live while its next one may come
             rec["prompt_tokens"] += r.prompt_tokens
             rec["cached_tokens"] += r.cached_tokens
             rec["prev_cached"] = rec["last_cached"]

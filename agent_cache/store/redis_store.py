@@ -486,7 +486,7 @@ class RedisStore:
 
 _INT_FIELDS = (
     "created", "last_seen", "steps", "prompt_tokens", "cached_tokens", "last_cached", "prev_cached", "epoch",
-    "held", "active", "pause", "quiet",
+    "held", "active", "pause", "quiet", "open",
 )  # fmt: skip
 
 

@@ -42,6 +42,7 @@ def test_bad_pools(pools):
 
 @pytest.mark.parametrize("field, value", [
     ("live_window", 0.0), ("quiet_factor", -1.0), ("min_quiet", -0.5), ("balance_factor", 0.9), ("slack", -1.0),
+    ("quiet_factor", float("inf")), ("balance_factor", float("nan")),
 ])
 def test_bad_policy_values(field, value):
     from agent_cache.placement import Policy

@@ -243,6 +243,28 @@ def test_a_session_counts_in_the_footprint_until_quiet_for_four_times_its_longes
     assert seen[0][2] == 0  # s1's 1,500 tokens no longer count on its worker (s2 and s3 hold none)
 
 
+def test_a_session_with_a_call_still_running_stays_in_the_footprint(redis_server, prefix):
+    """Two calls of one session in flight: the first one's report does not end the session's count."""
+
+    def live(store, now: float) -> int:
+        return sum(w["live_sessions"] for w in store.stats(now)["workers"].values())
+
+    seen = []
+    for store in (MemoryStore(), RedisStore(redis_server.url, prefix=prefix)):
+        r = store.route(q("s1", est=1000), P, 0.0)
+        store.report("default", "s1", r.worker, r.epoch, "t1", 1200, 0, 1.0)
+        store.route(q("s1"), P, 1.5)  # call 2
+        store.route(q("s1"), P, 1.6)  # call 3, in parallel
+        store.report("default", "s1", r.worker, r.epoch, "t1", 1500, 1000, 3.0)  # call 2 ends; call 3 runs on
+        store.route(q("s2", tid="t2"), P, 5.5)  # past 3.0 + the 2 s quiet time
+        running = live(store, 5.5)
+        store.report("default", "s1", r.worker, r.epoch, "t1", 1600, 1200, 6.0)  # call 3 ends
+        store.route(q("s3", tid="t3"), P, 8.5)  # past 6.0 + 2 s: s1 has gone quiet
+        seen.append((running, live(store, 8.5)))
+        store.close()
+    assert seen[0] == seen[1] == (2, 2), seen  # s1 and s2; then s2 and s3
+
+
 # --- many processes placing the same new sessions at once ------------------------
 
 
