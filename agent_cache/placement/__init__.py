@@ -25,6 +25,7 @@ from agent_cache.placement.rule import (
 )
 
 __all__ = [
-    "DOWN", "DRAINING", "UP", "Decision", "PinView", "Policy", "Scale", "Snapshot", "WorkerView", "choose_worker", "cost",
-    "expected_footprint", "pool_for_session", "rendezvous_pick", "rendezvous_score", "scale_of", "quiet_after", "mean_session", "projected",
+    "DOWN", "DRAINING", "UP", "Decision", "PinView", "Policy", "Scale", "Snapshot", "WorkerView", "choose_worker",
+    "cost", "expected_footprint", "mean_session", "pool_for_session", "projected", "quiet_after", "rendezvous_pick",
+    "rendezvous_score", "scale_of",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
@@ -60,16 +61,16 @@ def parse_worker(w: str | Mapping[str, Any], field: str) -> WorkerConfig:
 
 def check_policy(policy: Policy) -> Policy:
     """``policy`` if its values make sense (ConfigError naming the field otherwise)."""
-    for name in ("live_window", "quiet_factor", "min_quiet", "balance_factor", "move_factor", "slack"):
-        if not math.isfinite(getattr(policy, name)):
-            raise ConfigError(f"policy.{name}", f"must be a finite number, got {getattr(policy, name)}")
+    for f in dataclasses.fields(policy):
+        value = getattr(policy, f.name)
+        if not math.isfinite(value):
+            raise ConfigError(f"policy.{f.name}", f"must be a finite number, got {value}")
+        if value < 0:
+            raise ConfigError(f"policy.{f.name}", f"must not be negative, got {value}")
     if not policy.live_window > 0:
         raise ConfigError("policy.live_window", f"must be positive, got {policy.live_window}")
     if not policy.balance_factor >= 1:
         raise ConfigError("policy.balance_factor", f"must be at least 1 (the mean itself), got {policy.balance_factor}")
-    for name in ("quiet_factor", "min_quiet", "move_factor", "slack"):
-        if not getattr(policy, name) >= 0:
-            raise ConfigError(f"policy.{name}", f"must not be negative, got {getattr(policy, name)}")
     return policy
 
 

@@ -218,11 +218,13 @@ def test_lua_and_python_move_a_session_that_lost_its_prefix_alike(redis_server, 
     assert outcomes[0] == "moved:evicted" and "moved:overloaded" in outcomes, outcomes
 
 
+def _live_sessions(store, now: float) -> int:
+    """Sessions counted in a footprint, over all workers."""
+    return sum(w["live_sessions"] for w in store.stats(now)["workers"].values())
+
+
 def test_a_session_counts_in_the_footprint_until_quiet_for_four_times_its_longest_pause(redis_server, prefix):
     """Agent sessions end without saying so: one that paused 2 s between calls is done after 8 s of quiet."""
-
-    def live(store, now: float) -> int:
-        return sum(w["live_sessions"] for w in store.stats(now)["workers"].values())
 
     seen = []
     for store in (MemoryStore(), RedisStore(redis_server.url, prefix=prefix)):
@@ -231,12 +233,12 @@ def test_a_session_counts_in_the_footprint_until_quiet_for_four_times_its_longes
         store.route(q("s1"), P, 3.0)  # a 2 s pause (tool time)
         store.report("default", "s1", r.worker, r.epoch, "t1", 1500, 1000, 4.0)  # counted until 4 + 4 x 2
         store.route(q("s2", tid="t2"), P, 11.9)
-        at_11_9 = live(store, 11.9)
+        at_11_9 = _live_sessions(store, 11.9)
         store.route(q("s3", tid="t3"), P, 12.1)  # the next decision takes s1 out
-        at_12_1 = live(store, 12.1)
+        at_12_1 = _live_sessions(store, 12.1)
         kv = store.stats(12.1)["workers"][r.worker]["kv_tokens"]
         back = store.route(q("s1"), P, 13.0)  # and its next call brings it back, still pinned
-        seen.append((at_11_9, at_12_1, kv, back.outcome, live(store, 13.0)))
+        seen.append((at_11_9, at_12_1, kv, back.outcome, _live_sessions(store, 13.0)))
         store.close()
     assert seen[0] == seen[1]
     assert seen[0][:2] == (2, 2) and seen[0][3:] == ("pinned", 3), seen  # s1 and s2; then s2 and s3
@@ -246,9 +248,6 @@ def test_a_session_counts_in_the_footprint_until_quiet_for_four_times_its_longes
 def test_a_session_with_a_call_still_running_stays_in_the_footprint(redis_server, prefix):
     """Two calls of one session in flight: the first one's report does not end the session's count."""
 
-    def live(store, now: float) -> int:
-        return sum(w["live_sessions"] for w in store.stats(now)["workers"].values())
-
     seen = []
     for store in (MemoryStore(), RedisStore(redis_server.url, prefix=prefix)):
         r = store.route(q("s1", est=1000), P, 0.0)
@@ -257,10 +256,10 @@ def test_a_session_with_a_call_still_running_stays_in_the_footprint(redis_server
         store.route(q("s1"), P, 1.6)  # call 3, in parallel
         store.report("default", "s1", r.worker, r.epoch, "t1", 1500, 1000, 3.0)  # call 2 ends; call 3 runs on
         store.route(q("s2", tid="t2"), P, 5.5)  # past 3.0 + the 2 s quiet time
-        running = live(store, 5.5)
+        running = _live_sessions(store, 5.5)
         store.report("default", "s1", r.worker, r.epoch, "t1", 1600, 1200, 6.0)  # call 3 ends
         store.route(q("s3", tid="t3"), P, 8.5)  # past 6.0 + 2 s: s1 has gone quiet
-        seen.append((running, live(store, 8.5)))
+        seen.append((running, _live_sessions(store, 8.5)))
         store.close()
     assert seen[0] == seen[1] == (2, 2), seen  # s1 and s2; then s2 and s3
 
