@@ -43,7 +43,7 @@ from agent_cache.errors import (
     WorkerTimeoutError,
 )
 from agent_cache.gateway.config import ApiKey, GatewayConfig, key_digest
-from agent_cache.gateway.upstream import Upstream
+from agent_cache.gateway.upstream import SentEarly, Upstream
 from agent_cache.gateway.requests import (
     CHAT,
     COMPLETIONS,
@@ -80,6 +80,9 @@ class _Metrics:
         self.requests = Counter("agent_cache_gateway_requests", "Gateway requests by endpoint and status",
                                 ["endpoint", "status"])
         self.inflight = Gauge("agent_cache_gateway_inflight", "Calls in flight through this gateway process")
+        self.early_sends = Counter("agent_cache_gateway_early_sends",
+                                   "Calls sent to the session's last worker before the route answered, by "
+                                   "whether the route confirmed that worker", ["result"])
 
 
 _metrics: _Metrics | None = None
@@ -205,7 +208,8 @@ class Gateway:
 
     # --- the proxied endpoints ----------------------------------------------------
 
-    async def proxy(self, request: Request, path: str) -> Response:
+    async def proxy(self, request: Request, path: str, send: Send) -> Response | None:
+        """Serve one proxied call; the response to send, or None once it was sent."""
         try:  # checked before a slot is taken: a slow or bad client holds none
             call = await self._prepare(request, path)
             self._admit()
@@ -216,7 +220,12 @@ class Gateway:
             if call.stream:
                 response = await self._stream(request, call, release)
             else:
-                response = self._count(path, await self._once(request, call))
+                answered = await self._once(request, call, send)
+                if answered is None:
+                    self.metrics.requests.labels(path, "200").inc()
+                    response = None
+                else:
+                    response = self._count(path, answered)
         except Exception as exc:
             release()
             return self._count(path, _error_for(exc, path))
@@ -246,38 +255,85 @@ class Gateway:
                        pool=request.headers.get(POOL_HEADER), extra_fields=self.config.extra_fields,
                        shared=self.config.api_keys is not None)
 
-    async def _once(self, request: Request, call: GatewayCall) -> Response:
-        async def attempt(placement: Placement) -> tuple[bytes, Usage | None]:
-            raw = await self.upstream.post(placement.worker, call.path, call.body)
-            return raw, _usage_of(_json_object(raw, placement.worker), call.path)
+    async def _once(self, request: Request, call: GatewayCall, send: Send) -> Response | None:
+        """A non-streamed call; None once the worker's answer was sent to the client, which happens
+        as soon as it arrived whole, before the attempt is settled (the store's bookkeeping is then
+        off the client's wait)."""
+        early = self._send_early(call)
 
-        outcome = await _unless_client_leaves(request, self._lifecycle(call).arun(attempt))
-        if outcome is None:
-            return Response(status_code=CLIENT_CLOSED)
-        raw, placement = outcome
-        self._served(call, placement)
-        return Response(raw, media_type="application/json", headers=self._headers(placement, call))
+        async def attempt(placement: Placement) -> tuple[None, Usage | None]:
+            nonlocal early
+            sent, early = self._confirm(early, placement.worker), None
+            if sent is not None:
+                raw = await self.upstream.answer(sent)
+            else:
+                raw = await self.upstream.post(placement.worker, call.path, call.body)
+            usage = _usage_of(_json_object(raw, placement.worker), call.path)
+            self._served(call, placement)
+            await _send_json(send, raw, self._headers(placement, call))  # succeeded: nothing is retried
+            return None, usage
+
+        try:
+            outcome = await _unless_client_leaves(request, self._lifecycle(call).arun(attempt))
+        finally:
+            if early is not None:  # the route failed, or the client left, before the first attempt
+                self.upstream.drop(early)
+        return Response(status_code=CLIENT_CLOSED) if outcome is None else None
+
+    def _send_early(self, call: GatewayCall) -> SentEarly | None:
+        """Send the call to the worker that served its session's last call here, before the store's
+        route answers (a round trip to Redis, overlapped with the worker's own time); None without
+        such a worker or an idle connection to it.
+
+        The route still decides: when it names another worker, the early send is dropped (its
+        connection closed, which SGLang takes as an abort) and the call goes there.
+        """
+        worker = self.router.likely_worker(call.route)
+        if worker is None:
+            return None
+        return self.upstream.send_now(worker, call.path, call.body, streaming=call.stream)
+
+    def _confirm(self, early: SentEarly | None, worker: str) -> SentEarly | None:
+        """The early send if the route chose its worker; else it is dropped (and None)."""
+        if early is None:
+            return None
+        if early.worker == worker:
+            self.metrics.early_sends.labels("confirmed").inc()
+            return early
+        self.metrics.early_sends.labels("dropped").inc()  # the route moved the session
+        self.upstream.drop(early)
+        return None
 
     async def _stream(self, request: Request, call: GatewayCall, release: "_Once") -> Response:
         """Start the stream once the first event arrived (an attempt failing before that moves on)."""
         life = self._lifecycle(call)
         current: list[Placement] = []
+        early = self._send_early(call)
+
+        def drop_early() -> None:
+            nonlocal early
+            if early is not None:  # the route failed, or the client left, before the first attempt
+                self.upstream.drop(early)
+                early = None
 
         async def sender(attempt: Attempt) -> AsyncGenerator[bytes, None]:
+            nonlocal early
             current.append(attempt.placement)
             worker = attempt.placement.worker
+            written, early = self._confirm(early, worker), None
             usage: Usage | None = None
             done = False
             # the first attempt waits the worker's adaptive first-byte deadline (a hung worker is left
             # after a few of its usual times to first byte); a retry waits the full --timeout
             wait = self.router.first_byte.deadline(worker, self.config.timeout) if len(current) == 1 else None
-            sent, first = time.monotonic(), True
+            started, first = time.monotonic(), True
             event: list[bytes] = []  # an event's lines, passed on together when it ends (a blank line)
-            upstream = self.upstream.stream(worker, call.path, call.body, first_byte_timeout=wait)
+            upstream = self.upstream.stream(worker, call.path, call.body, first_byte_timeout=wait,
+                                            sent=written)
             async with contextlib.aclosing(upstream):  # a failed attempt closes its connection at once
                 async for line in upstream:
                     if first:
-                        self.router.first_byte.observe(worker, time.monotonic() - sent)
+                        self.router.first_byte.observe(worker, time.monotonic() - started)
                         first = False
                     if line.startswith(b"data:"):
                         payload = line[5:].strip()
@@ -311,6 +367,7 @@ class Gateway:
         status = {"label": "200"}
 
         async def cleanup() -> None:
+            drop_early()
             await events.aclose()
             if release():
                 self.metrics.requests.labels(call.path, status["label"]).inc()
@@ -322,6 +379,7 @@ class Gateway:
                 return Response(status_code=CLIENT_CLOSED)
             headers = self._headers(current[-1], call)
         except BaseException:
+            drop_early()
             await events.aclose()
             raise
 
@@ -457,6 +515,15 @@ async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | Non
         watcher.cancel()
 
 
+async def _send_json(send: Send, body: bytes, headers: dict[str, str]) -> None:
+    """A 200 answer with a JSON body, as two ASGI messages (what a starlette Response sends, without
+    building one)."""
+    raw = [(b"content-length", b"%d" % len(body)), (b"content-type", b"application/json")]
+    raw += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": 200, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
 async def _disconnect(request: Request) -> None:
     """Returns when the client closes the connection (the body has been read: receive waits for that)."""
     while (await request.receive())["type"] != "http.disconnect":
@@ -492,38 +559,43 @@ def _usage_of(data: dict[str, Any], path: str) -> Usage | None:
         return None
 
 
+class _Proxied:
+    """The ASGI app of one proxied endpoint (it answers every error itself)."""
+
+    def __init__(self, gateway: Gateway, path: str) -> None:
+        self.gateway = gateway
+        self.path = path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self.gateway.proxy(Request(scope, receive), self.path, send)
+        if response is not None:
+            await response(scope, receive, send)
+
+
 class _GatewayApp(Starlette):
     """Starlette, with the proxied calls dispatched straight to the gateway: they answer every error
     themselves, so the middleware and route matching in front of them only cost time per call."""
 
     gateway: Gateway
+    proxied: dict[str, _Proxied]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path")
-        if (scope["type"] == "http" and path in _PROMPT_FIELD and scope["method"] == "POST"
-                and not self.user_middleware):  # middleware added to the app sees every call
-            scope["app"] = self
-            response = await self.gateway.proxy(Request(scope, receive, send), path)
-            await response(scope, receive, send)
-            return
+        if scope["type"] == "http" and scope["method"] == "POST" and not self.user_middleware:
+            endpoint = self.proxied.get(scope["path"])  # middleware added to the app sees every call
+            if endpoint is not None:
+                scope["app"] = self
+                await endpoint(scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
 
 
 def create_app(config: GatewayConfig, router: Router | None = None) -> Starlette:
     """The gateway as an ASGI app (``uvicorn.run(create_app(config))``)."""
     gateway = Gateway(config, router)
-
-    def proxied(path: str) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            return await gateway.proxy(request, path)
-
-        return endpoint
-
+    proxied = {path: _Proxied(gateway, path) for path in (CHAT, COMPLETIONS, GENERATE)}
     app = _GatewayApp(
         routes=[
-            Route(CHAT, proxied(CHAT), methods=["POST"]),
-            Route(COMPLETIONS, proxied(COMPLETIONS), methods=["POST"]),
-            Route(GENERATE, proxied(GENERATE), methods=["POST"]),
+            *(Route(path, endpoint, methods=["POST"]) for path, endpoint in proxied.items()),
             Route("/v1/models", gateway.models, methods=["GET"]),
             Route("/health", gateway.health, methods=["GET"]),
             Route("/metrics", gateway.prometheus, methods=["GET"]),
@@ -531,6 +603,7 @@ def create_app(config: GatewayConfig, router: Router | None = None) -> Starlette
         lifespan=_lifespan(gateway),
     )
     app.state.gateway = app.gateway = gateway
+    app.proxied = proxied
     return app
 
 

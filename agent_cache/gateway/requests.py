@@ -162,7 +162,7 @@ def prepare(path: str, body: dict[str, Any], *, grant: ApiKey, extra_key: str | 
         if templater is None:
             raise ValueError("a chat request needs the tenant's templater")
         try:
-            prompt = templater.normalize(messages, params.get("tools"), session_id=session)
+            prompt = templater.normalize(messages, params.get("tools"), session_id=session, parsed_json=True)
         except TemplateError as exc:
             field = exc.field if exc.field.startswith(("messages", "tools")) else f"messages.{exc.field}"
             raise ConfigError(field, str(exc).split(": ", 1)[-1]) from None

@@ -191,6 +191,16 @@ def _expire(waiter: "asyncio.Future[None]") -> None:
         waiter.set_exception(asyncio.TimeoutError())
 
 
+@dataclass(frozen=True)
+class SentEarly:
+    """A request written on a pooled connection, its answer not read yet (:meth:`Upstream.send_now`)."""
+
+    worker: str
+    origin: _Origin
+    conn: _Connection
+    request: bytes
+
+
 class Upstream:
     """Keep-alive connections to every worker (opened in the event loop that uses them)."""
 
@@ -250,16 +260,25 @@ class Upstream:
         origin = self._origin(worker)
         request = self._request(method, origin, path, body)
         conn = self._reusable(origin)
+        if conn is not None:
+            conn.send(request, streaming)
+        return origin, await self._headers(worker, origin, conn, request, streaming, deadline)
+
+    async def _headers(self, worker: str, origin: _Origin, conn: _Connection | None, request: bytes,
+                       streaming: bool, deadline: float | None) -> _Connection:
+        """The connection once the answer's headers arrived: ``request`` was written on ``conn``, a
+        pooled connection, or (without one) is sent on a new connection."""
         try:
             if conn is not None:
                 try:
-                    return origin, await self._start(conn, request, streaming, deadline)
+                    return await self._wait_headers(conn, deadline)
                 except ConnectionError:
                     if conn.received or time.monotonic() - conn.sent_at > _STALE_WITHIN:
                         raise
                     conn = None  # the worker closed the idle connection as it was reused
             conn = await self._connect(origin, deadline)
-            return origin, await self._start(conn, request, streaming, deadline)
+            conn.send(request, streaming)
+            return await self._wait_headers(conn, deadline)
         except _FAILURES as exc:
             if conn is not None:
                 conn.close()
@@ -269,8 +288,7 @@ class Upstream:
                 conn.close()
             raise
 
-    async def _start(self, conn: _Connection, request: bytes, streaming: bool, deadline: float | None) -> _Connection:
-        conn.send(request, streaming)
+    async def _wait_headers(self, conn: _Connection, deadline: float | None) -> _Connection:
         while not conn.headers_done:
             await conn.progress(_left(deadline, self._timeout))
         return conn
@@ -299,15 +317,20 @@ class Upstream:
         origin, conn = await self._open(b"POST", worker, path, body, streaming=False, deadline=None)
         return await self._answer(origin, conn, worker)
 
-    async def stream(self, worker: str, path: str, body: bytes,
-                     first_byte_timeout: float | None = None) -> AsyncGenerator[bytes, None]:
+    async def stream(self, worker: str, path: str, body: bytes, first_byte_timeout: float | None = None,
+                     sent: "SentEarly | None" = None) -> AsyncGenerator[bytes, None]:
         """Streamed :meth:`post`: the response's lines as they arrive, each with its line ending.
 
         ``first_byte_timeout``: seconds for the worker to be reached, answer and send its first line
         (a hung worker accepts the connection and sends nothing); later lines wait the ``timeout``.
+        ``sent``: the same request, already written by :meth:`send_now` with ``streaming``.
         """
         deadline = None if first_byte_timeout is None else time.monotonic() + first_byte_timeout
-        origin, conn = await self._open(b"POST", worker, path, body, streaming=True, deadline=deadline)
+        if sent is not None:
+            origin = sent.origin
+            conn = await self._headers(worker, origin, sent.conn, sent.request, True, deadline)
+        else:
+            origin, conn = await self._open(b"POST", worker, path, body, streaming=True, deadline=deadline)
         if conn.status >= 400:
             conn.stop_streaming()
             await self._answer(origin, conn, worker)  # raises the status's error
@@ -339,6 +362,28 @@ class Upstream:
             conn.close()
             raise
         self._release(origin, conn)
+
+    def send_now(self, worker: str, path: str, body: bytes, *, streaming: bool = False) -> "SentEarly | None":
+        """Write a :meth:`post` on an idle keep-alive connection to ``worker`` at once, without waiting
+        for anything; None when no connection is idle. Read the answer with :meth:`answer` (or, with
+        ``streaming``, :meth:`stream` given ``sent``), or :meth:`drop` it."""
+        origin = self._origin(worker)
+        conn = self._reusable(origin)
+        if conn is None:
+            return None
+        request = self._request(b"POST", origin, path, body)
+        conn.send(request, streaming)
+        return SentEarly(worker, origin, conn, request)
+
+    async def answer(self, sent: "SentEarly") -> bytes:
+        """The answer to a :meth:`send_now`, as :meth:`post` returns it."""
+        conn = await self._headers(sent.worker, sent.origin, sent.conn, sent.request, False, None)
+        return await self._answer(sent.origin, conn, sent.worker)
+
+    @staticmethod
+    def drop(sent: "SentEarly") -> None:
+        """Abandon a :meth:`send_now`: its connection is closed (SGLang aborts a request whose client left)."""
+        sent.conn.close()
 
     async def get_json(self, worker: str, path: str) -> Any:
         origin, conn = await self._open(b"GET", worker, path, b"", streaming=False, deadline=None)

@@ -46,6 +46,7 @@ from agent_cache.routing.first_byte import DEFAULT_FACTOR, DEFAULT_FLOOR, FirstB
 from agent_cache.routing.health import HealthTracker
 from agent_cache.routing.lifecycle import CallLifecycle
 from agent_cache.routing.metrics import RouterMetrics
+from agent_cache.routing.recent import RecentWorkers
 from agent_cache.placement.rule import DOWN, DRAINING, UP, Policy
 from agent_cache.routing.releases import PendingReleases
 from agent_cache.store.base import (
@@ -180,6 +181,8 @@ class Router:
         # a streamed call's wait for a worker's next bytes, from its recent times to first token
         self.first_byte = FirstByteDeadlines(first_byte_floor, first_byte_factor)
         self.availability = StoreAvailability()
+        # where each session's last call here went: a caller may send there while the store decides
+        self.recent = RecentWorkers()
         self.metrics = RouterMetrics(registry)
         self._clock = clock
         self._probe_interval = probe_interval
@@ -337,6 +340,28 @@ class Router:
                 return self._from_result(request, query, result)
         return self._degraded(request, query)
 
+    def likely_worker(self, request: RouteRequest) -> str | None:
+        """The worker that served this session's last call in this process, if it can take a call now
+        (up, not draining, still in the request's pool); None otherwise.
+
+        A hint for sending early: the route (:meth:`aroute`) still decides, and a caller that sent here
+        drops that send when the route names another worker. None with an in-process store, whose
+        routes cost no round trip to overlap.
+        """
+        if not getattr(self.store, "round_trip", True):
+            return None
+        worker = self.recent.get(request.tenant, request.session_id)
+        if worker is None:
+            return None
+        try:
+            specs = self._specs(self.pool_for(request), set())
+        except (RoutingError, ConfigError):
+            return None  # the route raises it
+        for spec in specs:
+            if spec.url == worker:
+                return worker if spec.state == UP else None
+        return None
+
     def last_resort(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = frozenset()) -> Placement:
         """A worker of the pool even though none is healthy: for a caller that retries with backoff.
 
@@ -468,6 +493,7 @@ class Router:
         """An attempt ended: release its in-flight count; then its usage and passive health on success;
         on a worker error, passive health (if retryable) and, if this call placed the session, undo it."""
         self.done(placement)
+        self._remember(placement, error)
         if error is None:
             self.succeeded(placement)
             if usage is not None:
@@ -477,6 +503,12 @@ class Router:
                 self.failed(placement, error)
             if self._undoable(placement):
                 self.abandon(placement)
+
+    def _remember(self, placement: Placement, error: BaseException | None) -> None:
+        if error is None:
+            self.recent.served(placement.tenant, placement.session_id, placement.worker)
+        else:
+            self.recent.forget(placement.tenant, placement.session_id)
 
     @staticmethod
     def _undoable(placement: Placement) -> bool:
@@ -547,6 +579,7 @@ class Router:
                       usage: Usage | None = None) -> None:
         """Async :meth:`settle`."""
         await self.adone(placement)
+        self._remember(placement, error)
         if error is None:
             self.succeeded(placement)
             if usage is not None:

@@ -207,9 +207,9 @@ class RedisStore:
             from redis.sentinel import Sentinel
 
             hosts, service, extra = _sentinel_parts(self.url or "")
-            # redis-py's synchronous Sentinel is unannotated
-            sentinel = Sentinel(hosts, socket_timeout=opts["socket_timeout"])  # type: ignore[no-untyped-call]
-            return sentinel.master_for(service, **extra, **opts)  # type: ignore[no-untyped-call]
+            # redis-py before 8.2 leaves its synchronous Sentinel unannotated
+            sentinel = Sentinel(hosts, socket_timeout=opts["socket_timeout"])  # type: ignore[no-untyped-call, unused-ignore]
+            return sentinel.master_for(service, **extra, **opts)  # type: ignore[no-untyped-call, unused-ignore]
         if self._cluster:
             from redis.cluster import RedisCluster
 
@@ -226,8 +226,8 @@ class RedisStore:
             from redis.asyncio.sentinel import Sentinel
 
             hosts, service, extra = _sentinel_parts(self.url or "")
-            # redis-py's asyncio Sentinel constructor is unannotated
-            sentinel = Sentinel(hosts, socket_timeout=opts["socket_timeout"])  # type: ignore[no-untyped-call]
+            # redis-py before 8.2 leaves its asyncio Sentinel constructor unannotated
+            sentinel = Sentinel(hosts, socket_timeout=opts["socket_timeout"])  # type: ignore[no-untyped-call, unused-ignore]
             return sentinel.master_for(service, **extra, **opts)
         if self._cluster:
             from redis.asyncio.cluster import RedisCluster

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+import orjson
+
 from agent_cache.errors import TemplateError
 from agent_cache.templates.canonical import STABLE_ROLES, canonicalize, content_text, tools_json
 from agent_cache.templates.detectors import display, extract_volatile, render
@@ -65,6 +67,7 @@ _TAIL_TOKENS: dict[str, int] = {}  # last piece of a text -> its tokens
 # keep process memory flat; a memo that fills is cleared and refills.
 _PIECE_CAPACITY = 4096
 _TOKEN_LENGTHS_KEPT = 1024  # template id -> token length, most recent
+_TOOL_SETS_KEPT = 256  # raw tools JSON -> their canonical form and rendering; cleared when full
 
 
 def token_count(text: str) -> int:
@@ -93,7 +96,11 @@ def token_count(text: str) -> int:
 
 def stable_rendering(system_texts: Sequence[tuple[str, str]], tools: Sequence[Mapping[str, Any]] | None) -> str:
     """The fixed rendering of the stable part: tools JSON first, then ``<|role|>\\ntext\\n``."""
-    head = tools_json(tools)
+    return _rendering(system_texts, tools_json(tools))
+
+
+def _rendering(system_texts: Sequence[tuple[str, str]], head: str) -> str:
+    """:func:`stable_rendering` with the tools' JSON given."""
     return (head + "\n" if head else "") + "".join(f"<|{r}|>\n{t}\n" for r, t in system_texts)
 
 
@@ -159,6 +166,9 @@ class Templater:
         self._extracted: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, dict[str, str]]] = OrderedDict()
         # template id -> token length: tokenise once per template, for the most recent ones
         self._tokens: OrderedDict[str, int] = OrderedDict()
+        # (canonical?, the tools as orjson writes them) -> (tools as sent, their JSON): an agent sends
+        # the same tools on every call, so they are checked, rebuilt and written once
+        self._tool_sets: dict[tuple[bool, bytes], tuple[list[dict[str, Any]], str]] = {}
 
     def _token_length(self, tid: str, stable: str) -> int:
         n = self._tokens.get(tid)
@@ -170,6 +180,34 @@ class Templater:
             self._tokens.move_to_end(tid)
         return n
 
+    def _tools(self, tools: Sequence[Mapping[str, Any]] | None, canonical: bool,
+               parsed_json: bool) -> tuple[list[dict[str, Any]] | None, str]:
+        """The tools to send (canonical, or a copy of the list as given) and their JSON in the stable
+        rendering; raises TemplateError as :func:`canonicalize` does. Memoised for ``parsed_json``
+        tools, for which orjson's output is a faithful key (other Python values may share one: NaN
+        and None, a UUID and its string)."""
+        if tools is None:
+            return None, ""
+        key: tuple[bool, bytes] | None = None
+        if parsed_json:
+            try:
+                key = (canonical, orjson.dumps(tools))
+            except TypeError:  # an integer past 64 bits: not kept
+                pass
+        hit = self._tool_sets.get(key) if key is not None else None
+        if hit is None:
+            if canonical:
+                sent = canonicalize([], tools, sort_tools=self.sort_tools)[1]
+            else:
+                sent = list(tools)  # type: ignore[arg-type]  # sent as given
+            assert sent is not None
+            hit = (sent, tools_json(sent))
+            if key is not None:
+                if len(self._tool_sets) >= _TOOL_SETS_KEPT:
+                    self._tool_sets.clear()
+                self._tool_sets[key] = hit
+        return list(hit[0]) if canonical else list(tools), hit[1]  # type: ignore[arg-type]
+
     def normalize(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -177,13 +215,18 @@ class Templater:
         *,
         session_id: str | None = None,
         variables: Mapping[str, str] | None = None,
+        parsed_json: bool = False,
     ) -> NormalizedPrompt:
+        """The prompt to send, its template id and length, and the volatile values moved out.
+
+        ``parsed_json``: ``messages`` and ``tools`` were just read from JSON text (only JSON's own
+        types, every number finite), as a gateway request's are; their tools' work is then kept.
+        """
         if self.mode is TemplateMode.OFF:
             msgs, _ = canonicalize(messages, None)  # validation only; the raw messages are sent
             lead = _leading_stable(msgs)
-            raw_tools = list(tools) if tools is not None else None
-            stable = stable_rendering(
-                [(m["role"], content_text(m.get("content"))) for m in list(messages)[:lead]], raw_tools)
+            raw_tools, head = self._tools(tools, False, parsed_json)
+            stable = _rendering([(m["role"], content_text(m.get("content"))) for m in list(messages)[:lead]], head)
             tid = _template_id(self.tenant, stable)
             out = NormalizedPrompt([dict(m) for m in messages], raw_tools, tid, self._token_length(tid, stable), {})
             return self._record(out, session_id)
@@ -195,12 +238,13 @@ class Templater:
             canon, _ = canonicalize(messages, None)  # validation, and the canonical system text
             lead = _leading_stable(canon)
             msgs = canon[:lead] + [dict(m) for m in list(messages)[lead:]]
-            ctools = list(tools) if tools is not None else None
+            ctools, head = self._tools(tools, False, parsed_json)
         else:
-            msgs, ctools = canonicalize(messages, tools, sort_tools=self.sort_tools)
+            msgs, _ = canonicalize(messages, None)
+            ctools, head = self._tools(tools, True, parsed_json)
             lead = _leading_stable(msgs)
         if self.mode is TemplateMode.CANONICAL:
-            stable = stable_rendering([(m["role"], content_text(m["content"])) for m in msgs[:lead]], ctools)
+            stable = _rendering([(m["role"], content_text(m["content"])) for m in msgs[:lead]], head)
             tid = _template_id(self.tenant, stable)
             return self._record(NormalizedPrompt(msgs, ctools, tid, self._token_length(tid, stable), {}), session_id)
 
@@ -224,7 +268,7 @@ class Templater:
                 values[k] = v
             templates.append((m["role"], tmpl))
             out_msgs.append({**m, "content": display(tmpl)})
-        stable = stable_rendering(templates, ctools)
+        stable = _rendering(templates, head)
         tid = _template_id(self.tenant, stable)
         if self.freeze_values and session_id is not None and values:
             key = (session_id, tid)

@@ -509,3 +509,46 @@ def test_a_hung_worker_is_left_after_its_first_byte_deadline(procs):
         assert worker not in home and took < 1.0 + 0.2 + 3.0, took  # the floor, the backoff, the retry
     finally:
         hung.send_signal(signal.SIGCONT)
+
+
+def _early_sends(url: str) -> dict[str, float]:
+    out = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("agent_cache_gateway_early_sends_total{"):
+            out[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_a_session_call_goes_out_before_the_route_and_follows_a_pin_another_replica_moved(procs, fleet):
+    from agent_cache.routing import RouteRequest, Router
+
+    prefix = f"t-{uuid.uuid4().hex[:10]}"
+    gw = _gateway(procs, fleet, prefix=prefix)
+    session = f"s-{uuid.uuid4().hex[:8]}"
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "go"}]
+
+    def call() -> httpx.Response:
+        r = httpx.post(gw.urls[0] + "/v1/chat/completions", headers={"x-session-id": session},
+                       json={"model": "m", "messages": messages, "max_tokens": 4})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+        return r
+
+    first = call().headers["x-agent-cache-worker"]
+    assert _early_sends(gw.urls[0]) == {}  # the first call of a session waits for the route
+    assert [call().headers["x-agent-cache-worker"] for _ in range(3)] == [first] * 3
+    assert _early_sends(gw.urls[0]) == {"confirmed": 3.0}
+    other = Router(fleet.urls, redis_url=REDIS, prefix=prefix, probe_interval=None)
+    moved = other.route(RouteRequest(session), exclude={first})  # another replica moves the session
+    other.done(moved)
+    other.close()
+    assert moved.worker != first
+    assert call().headers["x-agent-cache-worker"] == moved.worker  # the early send to `first` is dropped
+    assert _early_sends(gw.urls[0]) == {"confirmed": 3.0, "dropped": 1.0}
+    assert call().headers["x-agent-cache-worker"] == moved.worker
+    assert _early_sends(gw.urls[0]) == {"confirmed": 4.0, "dropped": 1.0}
+    with httpx.stream("POST", gw.urls[0] + "/v1/chat/completions", headers={"x-session-id": session},
+                      json={"model": "m", "messages": messages, "max_tokens": 4, "stream": True}) as r:
+        body = b"".join(r.iter_bytes())
+        assert r.headers["x-agent-cache-worker"] == moved.worker
+    assert body.rstrip().endswith(b"data: [DONE]") and b'"content"' in body
+    assert _early_sends(gw.urls[0]) == {"confirmed": 5.0, "dropped": 1.0}

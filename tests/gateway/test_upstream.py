@@ -227,3 +227,48 @@ def test_the_first_byte_deadline_bounds_the_whole_wait_for_a_silent_stream() -> 
         await up.aclose()
 
     _serve(handler, test)
+
+
+def test_an_early_send_needs_an_idle_connection_and_is_answered_or_dropped() -> None:
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            seen.append(await _read_request(reader))
+            writer.write(_answer(b'{"n": %d}' % len(seen)))
+            await writer.drain()
+
+    async def test(url: str, connections: list[int]) -> None:
+        up = Upstream(timeout=2.0, max_connections=4)
+        assert up.send_now(url, "/generate", b"{}") is None  # nothing to send on yet
+        assert await up.post(url, "/generate", b"{}") == b'{"n": 1}'
+        sent = up.send_now(url, "/generate", b'{"early":1}')
+        assert sent is not None and sent.worker == url
+        assert await up.answer(sent) == b'{"n": 2}'  # the connection is then pooled again
+        dropped = up.send_now(url, "/generate", b'{"early":2}')
+        assert dropped is not None
+        up.drop(dropped)
+        assert dropped.conn.closed
+        assert up.send_now(url, "/generate", b"{}") is None  # the dropped connection is not reused
+        await up.aclose()
+
+    assert len(_serve(handler, test)) == 1  # the first post's connection carried both early sends
+    assert seen[1].endswith(b'{"early":1}')
+
+
+def test_no_early_send_on_a_connection_the_worker_closed() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(_answer(b"{}"))  # keep-alive in words, then closed while idle
+        await writer.drain()
+        await asyncio.sleep(0.05)
+
+    async def test(url: str, connections: list[int]) -> None:
+        up = Upstream(timeout=2.0, max_connections=4)
+        assert await up.post(url, "/generate", b"{}") == b"{}"
+        await asyncio.sleep(0.2)
+        assert up.send_now(url, "/generate", b"{}") is None
+        assert await up.post(url, "/generate", b"{}") == b"{}"
+        await up.aclose()
+
+    assert len(_serve(handler, test)) == 2

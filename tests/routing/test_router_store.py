@@ -225,3 +225,43 @@ def test_redis_out_of_memory_routes_degraded_then_recovers(redis_server_factory,
     assert sum(w["inflight"] for w in workers.values()) == 0, workers
     router.close()
     raw.close()
+
+
+def test_the_likely_worker_is_where_the_session_was_last_served_while_it_can_take_calls(prefix):
+    from agent_cache.backends.protocol import Usage
+    from agent_cache.errors import WorkerConnectionError
+
+    router = Router(URLS, redis_url="redis://127.0.0.1:6379/0", prefix=prefix, probe_interval=None)
+    request = RouteRequest("s1", template_id="t1", tenant="acme")
+    assert router.likely_worker(request) is None  # never served here
+    p = router.route(request)
+    assert router.likely_worker(request) is None  # routed, not served yet
+    router.settle(p, None, Usage(100, 10, 0))
+    assert router.likely_worker(request) == p.worker
+    assert router.likely_worker(RouteRequest("s1", tenant="other")) is None  # sessions are per tenant
+    router.drain(p.worker)
+    assert router.likely_worker(request) is None  # the route would move it
+    router.undrain(p.worker)
+    assert router.likely_worker(request) == p.worker
+    q = router.route(request)
+    router.settle(q, WorkerConnectionError("refused", url=q.worker))  # a refused connection opens the breaker
+    assert router.likely_worker(request) is None
+    router.close()
+    memory = Router(URLS, probe_interval=None)
+    m = memory.route(request)
+    memory.settle(m, None, Usage(100, 10, 0))
+    assert memory.likely_worker(request) is None  # an in-process route is no round trip to overlap
+    memory.close()
+
+
+def test_recent_workers_keep_the_most_recent_sessions():
+    from agent_cache.routing.recent import RecentWorkers
+
+    recent = RecentWorkers(capacity=3)
+    for i in range(4):
+        recent.served("t", f"s{i}", f"w{i}")
+    recent.served("t", "s1", "w9")  # refreshed: now the most recent
+    recent.served("t", "s4", "w4")
+    assert [recent.get("t", f"s{i}") for i in range(5)] == [None, "w9", None, "w3", "w4"]
+    recent.forget("t", "s1")
+    assert recent.get("t", "s1") is None and len(recent) == 2

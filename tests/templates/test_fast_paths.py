@@ -45,3 +45,44 @@ def test_fast_paths_match_reference(text):
     if text.isascii():  # (non-ASCII text also goes through NFC)
         assert canonical_text(text) == _TRAILING_WS.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
     assert display(text) == _PLACEHOLDER_RE.sub(lambda m: m.group()[0] if m.group() in ("{{", "}}") else m.group(), text)
+
+
+_json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10, 10), st.floats(allow_nan=False, allow_infinity=False),
+                       st.sampled_from(["", "a", "b ", "x\r\ny", "\u00e9", "e\u0301"]))
+_json = st.recursive(_json_leaf, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["type", "description", "enum", "z", "a"]), inner,
+                                                 max_size=3)), max_leaves=8)
+_tool = st.builds(lambda name, params, extra: {"type": "function", "function": {"name": name, "parameters": params,
+                                                                                  **extra}},
+                  st.sampled_from(["b", "a", "c", "a"]), _json, st.dictionaries(st.sampled_from(["description"]),
+                                                                                  _json_leaf, max_size=1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(tools=st.lists(_tool, max_size=3), mode=st.sampled_from(["off", "system", "canonical", "templatize"]))
+def test_tools_kept_for_parsed_json_equal_tools_rebuilt_each_call(tools, mode) -> None:
+    import json
+
+    from agent_cache.errors import TemplateError
+    from agent_cache.templates.templater import Templater
+
+    messages = [{"role": "system", "content": "You help. Today is 2026-12-04."}, {"role": "user", "content": "hi"}]
+    parsed = json.loads(json.dumps(tools))  # what a gateway request holds
+    plain, kept = Templater(mode), Templater(mode)
+    try:
+        expected = plain.normalize(messages, parsed)
+    except TemplateError as exc:
+        for _ in range(2):  # an error is raised every time, never kept
+            try:
+                kept.normalize(messages, json.loads(json.dumps(tools)), parsed_json=True)
+            except TemplateError as again:
+                assert (again.field, str(again)) == (exc.field, str(exc))
+            else:
+                raise AssertionError("the kept path accepted tools the plain path refused")
+        return
+    for _ in range(2):  # the second call is served from what the first kept
+        got = kept.normalize(messages, json.loads(json.dumps(tools)), parsed_json=True)
+        assert (got.tools, got.template_id, got.template_tokens) == (
+            expected.tools, expected.template_id, expected.template_tokens)
+        if got.tools is not None:
+            got.tools.clear()  # the caller's list is its own
