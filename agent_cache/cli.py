@@ -191,7 +191,7 @@ def _serve(args: argparse.Namespace) -> int:
           f"(store: {'redis' if args.redis else 'in-process'}, API keys: {keys})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.keep_alive, backlog=4096,
-                http=args.http, loop=args.loop)
+                http=args.http, loop=args.loop, proxy_headers=False)  # no client address is used: skip its rewrite
     return 0
 
 

@@ -34,13 +34,16 @@ _INTEGERS = ("top_k", "seed")
 def check_chat_request(
     messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any], owned: Mapping[str, str | None],
     fields: Collection[str] = CHAT_FIELDS, owner: str = "give ChatSGLang(tenant=...) instead",
+    values_checked: bool = False,
 ) -> None:
     """Raise :class:`ConfigError` naming the field for a request SGLang or the router would refuse.
 
     ``params``: the chat completion fields (``extra_body`` included, merged
     as the client merges it); ``owned``: the router's value for each of
     :data:`TENANT_FIELDS` (``None``: the field must not be set); ``fields``:
-    the request fields accepted; ``owner``: how the caller picks a tenant.
+    the request fields accepted; ``owner``: how the caller picks a tenant; ``values_checked``: every
+    text is known to be valid Unicode and every number finite (read by a strict JSON parser), so
+    only the fields and ranges are checked.
     """
     extra = params.get("extra_body") or {}
     if not isinstance(extra, Mapping):
@@ -72,6 +75,8 @@ def check_chat_request(
         value = merged.get(name)
         if value is not None and not _is_integer(value):
             raise ConfigError(name, f"expected an integer, got {value!r}")
+    if values_checked:
+        return
     _check_json(messages, "messages")
     for name, value in merged.items():
         _check_json(value, str(name))

@@ -169,7 +169,7 @@ class Gateway:
                                        code="invalid_api_key")
         return grant
 
-    async def read_body(self, request: Request) -> dict[str, Any]:
+    async def read_body(self, request: Request) -> tuple[dict[str, Any], bool]:
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -240,7 +240,7 @@ class Gateway:
     async def _prepare(self, request: Request, path: str) -> GatewayCall:
         grant = self.authorize(request)
         try:
-            body = await _within(BODY_TIMEOUT, self.read_body(request))
+            body, checked = await _within(BODY_TIMEOUT, self.read_body(request))
         except asyncio.TimeoutError:
             raise RequestRejectedError(408, f"the request body did not arrive within {BODY_TIMEOUT:g} s",
                                        code="request_timeout") from None
@@ -253,7 +253,7 @@ class Gateway:
         return prepare(path, body, grant=grant, extra_key=self.router.extra_key_for(grant.tenant), session=session,
                        templater=self.templater(grant.tenant) if path == CHAT else None,
                        pool=request.headers.get(POOL_HEADER), extra_fields=self.config.extra_fields,
-                       shared=self.config.api_keys is not None)
+                       shared=self.config.api_keys is not None, checked_json=checked)
 
     async def _once(self, request: Request, call: GatewayCall, send: Send) -> Response | None:
         """A non-streamed call; None once the worker's answer was sent to the client, which happens
@@ -269,8 +269,8 @@ class Gateway:
             else:
                 raw = await self.upstream.post(placement.worker, call.path, call.body)
             usage = _usage_of(_json_object(raw, placement.worker), call.path)
-            self._served(call, placement)
             await _send_json(send, raw, self._headers(placement, call))  # succeeded: nothing is retried
+            self._served(call, placement)
             return None, usage
 
         try:

@@ -84,18 +84,25 @@ def loads(raw: bytes, *, strict: bool = True) -> Any:
     lone surrogate escapes, which the field checks then name). ``strict``: NaN and Infinity are
     refused, as JSON refuses them (a request); else read as the json module reads them (a worker's
     answer)."""
+    return _loads(raw, strict)[0]
+
+
+def _loads(raw: bytes, strict: bool) -> tuple[Any, bool]:
+    """:func:`loads`, and whether orjson read it (then every text is valid Unicode and every number
+    finite: orjson refuses the rest)."""
     if _NINETEEN not in raw.translate(_DIGITS):
         try:
-            return orjson.loads(raw)
+            return orjson.loads(raw), True
         except orjson.JSONDecodeError:
             pass
-    return json.loads(raw, parse_constant=_no_constant) if strict else json.loads(raw)
+    return (json.loads(raw, parse_constant=_no_constant) if strict else json.loads(raw)), False
 
 
-def parse_json_body(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or ConfigError naming what is wrong."""
+def parse_json_body(raw: bytes) -> tuple[dict[str, Any], bool]:
+    """The request body as a JSON object, or ConfigError naming what is wrong; and whether its values
+    need no further check (``prepare``'s ``checked_json``)."""
     try:
-        body = loads(raw)
+        body, checked = _loads(raw, True)
     except UnicodeDecodeError as exc:
         raise ConfigError("body", f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
     except ValueError as exc:
@@ -104,7 +111,7 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise ConfigError("body", "JSON nested too deeply") from None
     if not isinstance(body, dict):
         raise ConfigError("body", f"expected a JSON object, got {type(body).__name__}")
-    return body
+    return body, checked
 
 
 def find_session(headers: Mapping[str, str], header: str, body: Mapping[str, Any],
@@ -131,11 +138,13 @@ def _encode(body: Mapping[str, Any]) -> bytes:
 
 def prepare(path: str, body: dict[str, Any], *, grant: ApiKey, extra_key: str | None, session: str,
             templater: Templater | None, pool: str | None, extra_fields: frozenset[str],
-            shared: bool = False) -> GatewayCall:
+            shared: bool = False, checked_json: bool = False) -> GatewayCall:
     """Check one request and build what goes to the worker; raises ConfigError naming the bad field.
 
     ``shared``: the gateway serves several tenants (API keys), so fields that reach across requests
     on a worker (a request id another tenant could collide with, code the worker would run) are refused.
+    ``checked_json``: every text in ``body`` is valid Unicode and every number finite (orjson read
+    it), so that walk is skipped.
     """
     if "extra_body" in body:
         raise ConfigError("extra_body", "not a request field: OpenAI clients merge extra_body into the body")
@@ -158,7 +167,8 @@ def prepare(path: str, body: dict[str, Any], *, grant: ApiKey, extra_key: str | 
             raise ConfigError("messages", "required: the conversation so far")
         if not isinstance(messages, list) or not messages:
             raise ConfigError("messages", "expected a non-empty list of messages")
-        check_chat_request(messages, params, {"extra_key": extra_key}, fields=fields, owner=_TENANT_HINT)
+        check_chat_request(messages, params, {"extra_key": extra_key}, fields=fields, owner=_TENANT_HINT,
+                           values_checked=checked_json)
         if templater is None:
             raise ValueError("a chat request needs the tenant's templater")
         try:
@@ -175,7 +185,8 @@ def prepare(path: str, body: dict[str, Any], *, grant: ApiKey, extra_key: str | 
             raise ConfigError("prompt", "required: the text to complete")
         if path == GENERATE and ("text" in params) == ("input_ids" in params):
             raise ConfigError("text", "give exactly one of text or input_ids")
-        check_chat_request([], params, {"extra_key": extra_key}, fields=fields, owner=_TENANT_HINT)
+        check_chat_request([], params, {"extra_key": extra_key}, fields=fields, owner=_TENANT_HINT,
+                           values_checked=checked_json)
     for name in TENANT_FIELDS:
         params.pop(name, None)
     if extra_key is not None:

@@ -86,3 +86,14 @@ def test_tools_kept_for_parsed_json_equal_tools_rebuilt_each_call(tools, mode) -
             expected.tools, expected.template_id, expected.template_tokens)
         if got.tools is not None:
             got.tools.clear()  # the caller's list is its own
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.integers(0, 150), blank_at=st.integers(0, 160), blank=st.sampled_from([" ", "\t", "", "x"]),
+       lead=st.sampled_from(["", "\n", " \n"]))
+def test_trailing_blanks_are_found_however_many_lines_come_first(lines, blank_at, blank, lead) -> None:
+    rows = [f"line {i}" for i in range(lines)]
+    if rows and blank_at < len(rows):
+        rows[blank_at] += blank
+    text = lead + "\n".join(rows) + "\nend"
+    assert canonical_text(text) == _TRAILING_WS.sub("", text)
