@@ -24,7 +24,7 @@ from urllib.parse import quote
 from prometheus_client import REGISTRY, CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -260,21 +260,24 @@ class Gateway:
         as soon as it arrived whole, before the attempt is settled (the store's bookkeeping is then
         off the client's wait)."""
         early = self._send_early(call)
+        answered = False
 
         async def attempt(placement: Placement) -> tuple[None, Usage | None]:
-            nonlocal early
+            nonlocal early, answered
             sent, early = self._confirm(early, placement.worker), None
             if sent is not None:
                 raw = await self.upstream.answer(sent)
             else:
                 raw = await self.upstream.post(placement.worker, call.path, call.body)
             usage = _usage_of(_json_object(raw, placement.worker), call.path)
-            await _send_json(send, raw, self._headers(placement, call))  # succeeded: nothing is retried
+            answered = True  # succeeded: nothing is retried, and a client leaving now cancels nothing
+            await _send_json(send, raw, self._headers(placement, call))
             self._served(call, placement)
             return None, usage
 
         try:
-            outcome = await _unless_client_leaves(request, self._lifecycle(call).arun(attempt))
+            outcome = await _unless_client_leaves(request.receive, self._lifecycle(call).arun(attempt),
+                                                  lambda: answered)
         finally:
             if early is not None:  # the route failed, or the client left, before the first attempt
                 self.upstream.drop(early)
@@ -373,7 +376,7 @@ class Gateway:
                 self.metrics.requests.labels(call.path, status["label"]).inc()
 
         try:
-            first = await _unless_client_leaves(request, events.__anext__())
+            first = await _unless_client_leaves(request.receive, events.__anext__())
             if first is None:
                 await cleanup()
                 return Response(status_code=CLIENT_CLOSED)
@@ -397,7 +400,7 @@ class Gateway:
             if life.result is not None:
                 self._served(call, life.result[1])
 
-        return _CleanStreamingResponse(body(), cleanup, media_type="text/event-stream", headers=headers)
+        return _EventStream(body(), cleanup, headers)
 
     # --- the gateway's own endpoints --------------------------------------------------
 
@@ -461,20 +464,33 @@ class _Once:
         return True
 
 
-class _CleanStreamingResponse(StreamingResponse):
-    """A stream whose cleanup runs however the response ends, even when its body never starts
-    (the server refusing a header, the client gone before the first byte)."""
+class _EventStream(Response):
+    """A server-sent event stream passed on item by item, as ASGI messages written here (a starlette
+    StreamingResponse runs a task group per stream under uvicorn). A client that leaves stops it;
+    ``cleanup`` runs however it ends, even when its body never starts (the server refusing a
+    header, the client gone before the first byte)."""
+
+    media_type = "text/event-stream"
 
     def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], Awaitable[None]],
-                 **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)
+                 headers: dict[str, str]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)
+        self._content = content
         self._cleanup = cleanup
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await _unless_client_leaves(receive, self._send_all(send))
         finally:
             await self._cleanup()
+
+    async def _send_all(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        async for chunk in self._content:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _within(seconds: float, work: Awaitable[T]) -> T:
@@ -486,11 +502,13 @@ async def _within(seconds: float, work: Awaitable[T]) -> T:
     return await asyncio.wait_for(work, seconds)
 
 
-async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | None:
+async def _unless_client_leaves(receive: Receive, work: Awaitable[T],
+                                answered: Callable[[], bool] | None = None) -> T | None:
     """``await work``, or cancel it and return None if the client disconnects first (its call is
     settled as cancelled: the slot and the in-flight count are released at once).
 
-    The work runs in the handler's own task; a watcher cancels that task when the client goes.
+    The work runs in the handler's own task; a watcher cancels that task when the client goes,
+    unless ``answered()`` says the whole answer went out (the rest of the work then runs to its end).
     """
     handler = asyncio.current_task()
     assert handler is not None
@@ -498,7 +516,9 @@ async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | Non
 
     async def watch() -> None:
         nonlocal left
-        await _disconnect(request)
+        await _disconnect(receive)
+        if answered is not None and answered():
+            return
         left = True
         handler.cancel()
 
@@ -524,9 +544,10 @@ async def _send_json(send: Send, body: bytes, headers: dict[str, str]) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _disconnect(request: Request) -> None:
-    """Returns when the client closes the connection (the body has been read: receive waits for that)."""
-    while (await request.receive())["type"] != "http.disconnect":
+async def _disconnect(receive: Receive) -> None:
+    """Returns when the client closes the connection, or once the answer is complete (the body has
+    been read: receive waits for either)."""
+    while (await receive())["type"] != "http.disconnect":
         pass
 
 
