@@ -124,8 +124,16 @@ def _ordered(d: Mapping[str, Any], order: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+# Roles whose message may be just a role and a text (a tool message also needs its tool_call_id).
+_PLAIN_ROLES = frozenset({"system", "developer", "user", "assistant"})
+
+
 def canonical_message(msg: Any, index: int) -> dict[str, Any]:
     """One message in canonical form; raises TemplateError naming the field."""
+    if type(msg) is dict and len(msg) == 2:  # the commonest message, {"role", "content": text}: as below
+        role, content = msg.get("role"), msg.get("content")
+        if type(content) is str and role in _PLAIN_ROLES:
+            return {"role": role, "content": content if role == "assistant" else canonical_text(content)}
     field = f"messages[{index}]"
     if type(msg) is not dict and not isinstance(msg, Mapping):
         raise TemplateError(field, f"a message must be an object, not {type(msg).__name__}")

@@ -169,6 +169,33 @@ class Templater:
         # (canonical?, the tools as orjson writes them) -> (tools as sent, their JSON): an agent sends
         # the same tools on every call, so they are checked, rebuilt and written once
         self._tool_sets: dict[tuple[bool, bytes], tuple[list[dict[str, Any]], str]] = {}
+        self._ids: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, int]] = {}
+        self._displayed: dict[str, str] = {}
+
+    def _identify(self, system_texts: list[tuple[str, str]], head: str) -> tuple[str, int]:
+        """The template id and token length of a stable part (its system texts after the tools' JSON),
+        kept for the most recent ones: a memoised template's strings are the same objects call after
+        call, so the key hashes them for free."""
+        key = (head, tuple(system_texts))
+        hit = self._ids.get(key)
+        if hit is None:
+            stable = _rendering(system_texts, head)
+            tid = _template_id(self.tenant, stable)
+            hit = (tid, self._token_length(tid, stable))
+            if len(self._ids) >= _TOKEN_LENGTHS_KEPT:
+                self._ids.clear()
+            self._ids[key] = hit
+        return hit
+
+    def _shown(self, template: str) -> str:
+        """``display(template)``, kept for the most recent templates."""
+        shown = self._displayed.get(template)
+        if shown is None:
+            shown = display(template)
+            if len(self._displayed) >= _TOKEN_LENGTHS_KEPT:
+                self._displayed.clear()
+            self._displayed[template] = shown
+        return shown
 
     def _token_length(self, tid: str, stable: str) -> int:
         n = self._tokens.get(tid)
@@ -226,9 +253,9 @@ class Templater:
             msgs, _ = canonicalize(messages, None)  # validation only; the raw messages are sent
             lead = _leading_stable(msgs)
             raw_tools, head = self._tools(tools, False, parsed_json)
-            stable = _rendering([(m["role"], content_text(m.get("content"))) for m in list(messages)[:lead]], head)
-            tid = _template_id(self.tenant, stable)
-            out = NormalizedPrompt([dict(m) for m in messages], raw_tools, tid, self._token_length(tid, stable), {})
+            tid, tokens = self._identify(
+                [(m["role"], content_text(m.get("content"))) for m in list(messages)[:lead]], head)
+            out = NormalizedPrompt([dict(m) for m in messages], raw_tools, tid, tokens, {})
             return self._record(out, session_id)
 
         ctools: Sequence[Mapping[str, Any]] | None
@@ -244,9 +271,8 @@ class Templater:
             ctools, head = self._tools(tools, True, parsed_json)
             lead = _leading_stable(msgs)
         if self.mode is TemplateMode.CANONICAL:
-            stable = _rendering([(m["role"], content_text(m["content"])) for m in msgs[:lead]], head)
-            tid = _template_id(self.tenant, stable)
-            return self._record(NormalizedPrompt(msgs, ctools, tid, self._token_length(tid, stable), {}), session_id)
+            tid, tokens = self._identify([(m["role"], content_text(m["content"])) for m in msgs[:lead]], head)
+            return self._record(NormalizedPrompt(msgs, ctools, tid, tokens, {}), session_id)
 
         msgs, lead = self._undo_context(msgs, lead)
         vars_ = {**self.variables, **(variables or {})}
@@ -267,9 +293,8 @@ class Templater:
                     k = k2
                 values[k] = v
             templates.append((m["role"], tmpl))
-            out_msgs.append({**m, "content": display(tmpl)})
-        stable = _rendering(templates, head)
-        tid = _template_id(self.tenant, stable)
+            out_msgs.append({**m, "content": self._shown(tmpl)})
+        tid, tokens = self._identify(templates, head)
         if self.freeze_values and session_id is not None and values:
             key = (session_id, tid)
             frozen = self._frozen.get(key)
@@ -299,7 +324,7 @@ class Templater:
                 out_msgs.extend(rest)
         else:
             out_msgs.extend(rest)
-        out = NormalizedPrompt(out_msgs, ctools, tid, self._token_length(tid, stable), values)
+        out = NormalizedPrompt(out_msgs, ctools, tid, tokens, values)
         return self._record(out, session_id)
 
     def _undo_context(self, msgs: list[dict[str, Any]], lead: int) -> tuple[list[dict[str, Any]], int]:

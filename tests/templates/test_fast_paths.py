@@ -97,3 +97,23 @@ def test_trailing_blanks_are_found_however_many_lines_come_first(lines, blank_at
         rows[blank_at] += blank
     text = lead + "\n".join(rows) + "\nend"
     assert canonical_text(text) == _TRAILING_WS.sub("", text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(role=st.sampled_from(["system", "developer", "user", "assistant", "tool", "other", None]),
+       content=st.one_of(_text, st.none(), st.just([{"type": "text", "text": "a "}])),
+       extra=st.sampled_from([{}, {"name": "n"}, {"tool_call_id": "c1"}]))
+def test_a_plain_message_takes_the_quick_path_to_the_same_result(role, content, extra) -> None:
+    from types import MappingProxyType
+
+    from agent_cache.errors import TemplateError
+    from agent_cache.templates.canonical import canonical_message
+
+    msg = {"role": role, "content": content, **extra}
+    outcomes = []
+    for given_as in (msg, MappingProxyType(msg)):  # a dict may take the quick path; a mapping never does
+        try:
+            outcomes.append(("ok", list(canonical_message(given_as, 3).items())))
+        except TemplateError as exc:
+            outcomes.append(("error", exc.field, str(exc)))
+    assert outcomes[0] == outcomes[1]
