@@ -6,6 +6,7 @@ comes from this run on this machine.
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import time
@@ -91,6 +92,42 @@ def latency(n: int = 300) -> None:
         print(f"{mode.value:<12} {statistics.median(times):>10.3f} {percentile(times, 0.99):>8.3f}")
 
 
+def _conversation(msgs: list[dict[str, Any]], steps: int, rng: random.Random) -> list[dict[str, Any]]:
+    """``msgs`` and ``steps`` ReAct steps after it: a tool call, then its result (about 150 tokens)."""
+    out = list(msgs)
+    for k in range(steps):
+        call = {"id": f"call_{k}", "type": "function",
+                "function": {"name": f"tool_{k % 10}", "arguments": '{"query": "step %d"}' % k}}
+        out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        out.append({"role": "tool", "tool_call_id": f"call_{k}",
+                    "content": " ".join(rng.choice(_WORDS) for _ in range(120))})
+    return out
+
+
+def conversations(n: int = 30, steps: int = 8) -> None:
+    """Each call of a session as a gateway receives it: the whole conversation so far, read from JSON."""
+    rng = random.Random(2)
+    body, tools = _body(4000, rng), _tools(10, rng)
+    sessions = [_session(i, body, tools, rng) for i in range(n)]
+    calls = [json.dumps({"messages": _conversation(msgs, k, rng), "tools": tls}).encode()
+             for msgs, tls, _ in sessions for k in range(steps + 1)]
+    print(f"\n{n} sessions of {steps + 1} calls, the conversation growing by a tool call and its result per "
+          "call; each call read from JSON (as the gateway reads it)")
+    print(f"{'mode':<12} {'median ms':>10} {'p99 ms':>8}   parsed_json=True: {'median ms':>10} {'p99 ms':>8}")
+    for mode in TemplateMode:
+        row = []
+        for parsed in (False, True):
+            t = Templater(mode)
+            times = []
+            for raw in calls:
+                request = json.loads(raw)
+                t0 = time.perf_counter()
+                t.normalize(request["messages"], request["tools"], session_id="s", parsed_json=parsed)
+                times.append((time.perf_counter() - t0) * 1e3)
+            row.append(f"{statistics.median(times):>10.3f} {percentile(times, 0.99):>8.3f}")
+        print(f"{mode.value:<12} {row[0]}   {'':>17} {row[1]}")
+
+
 def _common(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -122,6 +159,7 @@ def sharing(n: int = 200) -> None:
 
 def main() -> None:
     latency()
+    conversations()
     sharing()
 
 

@@ -26,8 +26,27 @@ PART_SEPARATOR = "\n"
 _TRAILING_WS = re.compile(r"[^\S\n]+(?=\n|\Z)")
 
 
+# Long texts (a system prompt, a retrieved document) come back on every call of a session: their
+# canonical form is kept, keyed by the text (its hash is computed once per string object).
+_LONG_TEXT = 2048
+_LONG_TEXTS_KEPT = 256
+_LONG_TEXTS: dict[str, str] = {}
+
+
 def canonical_text(text: str) -> str:
     """NFC, ``\\r\\n``/``\\r`` -> ``\\n``, trailing whitespace stripped per line."""
+    if len(text) < _LONG_TEXT:
+        return _canonical_text(text)
+    done = _LONG_TEXTS.get(text)
+    if done is None:
+        done = _canonical_text(text)
+        if len(_LONG_TEXTS) >= _LONG_TEXTS_KEPT:
+            _LONG_TEXTS.clear()
+        _LONG_TEXTS[text] = done
+    return done
+
+
+def _canonical_text(text: str) -> str:
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     # is_normalized is a fast C check; ASCII is always NFC.
