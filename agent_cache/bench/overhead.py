@@ -46,6 +46,7 @@ from agent_cache.bench.realfleet import (
     Processes,
     SimWorkers,
     SmgGateways,
+    start_delayed,
     start_redis,
     write_gateway_keys,
 )
@@ -170,8 +171,8 @@ def _sessions(calls: int, seed: int) -> list[SessionSpec]:
 
 
 async def _run(worker: str, redis_url: str, gateways: dict[str, str], sessions: Sequence[SessionSpec], calls: int,
-               seed: int, log: Callable[[str], None], stream: bool = True,
-               concurrency: int = 0) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+               seed: int, log: Callable[[str], None], stream: bool = True, concurrency: int = 0,
+               delete_url: str | None = None) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     client = ChatClient(timeout=60.0, stream=stream)
     prefix = f"agent-cache-overhead-{uuid.uuid4().hex[:8]}"
     paths: dict[str, Any] = {DIRECT: _Direct(worker, client)}
@@ -188,7 +189,7 @@ async def _run(worker: str, redis_url: str, gateways: dict[str, str], sessions: 
         for path in paths.values():
             await path.aclose()
         await client.aclose()
-        _delete_deployment(redis_url, prefix)
+        _delete_deployment(delete_url or redis_url, prefix)
 
 
 def _delete_deployment(redis_url: str, prefix: str) -> None:
@@ -207,6 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="non-streamed calls (TTFT is then the whole call)")
     p.add_argument("--concurrency", type=int, default=0, metavar="N",
                    help="then measure throughput with N calls in flight per path (default 0: skip)")
+    p.add_argument("--store-delay-ms", type=float, default=0.0, metavar="MS",
+                   help="hold every packet to and from Redis this long each way, as a store on another host "
+                        "(default 0: Redis on this host)")
     p.add_argument("--gateway-args", default="", metavar="ARGS",
                    help="extra flags for agent-cache serve, e.g. '--http h11 --loop asyncio'")
     p.add_argument("--out", metavar="FILE", help="also write the results as JSON")
@@ -219,6 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("--calls", f"at least 10 calls per path, got {args.calls}")
         if args.concurrency < 0:
             raise ConfigError("--concurrency", f"must be >= 0, got {args.concurrency}")
+        if not args.store_delay_ms >= 0:
+            raise ConfigError("--store-delay-ms", f"must be >= 0, got {args.store_delay_ms}")
         if args.redis is not None:
             from agent_cache.bench.realengine import check_redis
 
@@ -232,13 +238,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers = SimWorkers(procs, 1, time_scale=0.0, capacity_tokens=1_000_000)
             stack.callback(workers.close)
             redis_url = args.redis or start_redis(procs)
+            routed_url = redis_url  # what the routing paths use; the run's keys are deleted through redis_url
+            if args.store_delay_ms > 0:
+                log(f"Redis behind a relay adding {args.store_delay_ms:g} ms each way")
+                routed_url = start_delayed(procs, redis_url, args.store_delay_ms)
             gateways: dict[str, str] = {}
             log("starting agent-cache serve")
             sessions = _sessions(args.calls, args.seed)
             keys = write_gateway_keys(procs.dir + "/gateway-keys", (s.tenant for s in sessions))
             gw_prefix = f"agent-cache-overhead-gw-{uuid.uuid4().hex[:8]}"
             stack.callback(_delete_deployment, redis_url, gw_prefix)  # runs after the gateway stopped
-            ours = AgentCacheGateways(procs, workers.urls, redis_url=redis_url, args=[
+            ours = AgentCacheGateways(procs, workers.urls, redis_url=routed_url, args=[
                 "--prefix", gw_prefix, "--templates", "templatize",
                 "--api-keys", keys, "--extra-fields", "sim_output", *args.gateway_args.split()])
             stack.callback(ours.stop)
@@ -248,8 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     group = SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls)
                     stack.callback(group.stop)
                     gateways[name] = group.urls[0]
-            results, rates = asyncio.run(_run(workers.urls[0], redis_url, gateways, sessions, args.calls, args.seed,
-                                              log, stream=not args.no_stream, concurrency=args.concurrency))
+            results, rates = asyncio.run(_run(workers.urls[0], routed_url, gateways, sessions, args.calls, args.seed,
+                                              log, stream=not args.no_stream, concurrency=args.concurrency,
+                                              delete_url=redis_url))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -247,6 +247,35 @@ def start_redis(procs: Processes) -> str:
     return f"redis://127.0.0.1:{port}/0"
 
 
+def start_delayed(procs: Processes, redis_url: str, delay_ms: float) -> str:
+    """A relay in front of ``redis_url`` holding every chunk ``delay_ms`` each way (a store on
+    another host, see :mod:`agent_cache.bench.delay_relay`); returns the URL to use instead."""
+    from urllib.parse import urlsplit
+
+    import redis
+
+    parts = urlsplit(redis_url)
+    port = free_port()
+    proc = procs.start("redis-delay", [sys.executable, "-m", "agent_cache.bench.delay_relay", "--port", str(port),
+                                       "--to", f"{parts.hostname or '127.0.0.1'}:{parts.port or 6379}",
+                                       "--delay-ms", repr(float(delay_ms))])
+    auth = parts.netloc.rpartition("@")[0]
+    url = parts._replace(netloc=(auth + "@" if auth else "") + f"127.0.0.1:{port}").geturl()
+    client = redis.Redis.from_url(url, socket_timeout=2.0)
+
+    def answers() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.exceptions.ConnectionError:
+            return False  # not listening yet
+
+    try:
+        wait_until(answers, [proc], "redis delay relay", timeout=15.0)
+    finally:
+        client.close()
+    return url
+
+
 def smg_version(binary: str) -> str:
     """``smg --version`` (e.g. ``smg 1.13.0`` -> ``1.13.0``)."""
     try:
