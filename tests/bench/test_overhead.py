@@ -39,3 +39,19 @@ def test_every_path_serves_the_same_calls_and_the_run_leaves_no_keys(redis_serve
 def test_too_few_calls_exit_2_naming_the_flag(capsys) -> None:
     assert main(["--calls", "3", "--quiet"]) == 2
     assert "--calls" in capsys.readouterr().err
+
+
+def test_a_store_delay_lies_on_the_path_of_every_route(redis_server, tmp_path) -> None:
+    out = tmp_path / "overhead.json"
+    assert main(["--calls", "12", "--redis", redis_server.url, "--out", str(out), "--quiet",
+                 "--store-delay-ms", "5"]) == 0
+    paths = json.loads(out.read_text())["paths"]
+    redis_path, memory_path = paths["agent-cache (Redis)"], paths["agent-cache (memory)"]
+    # the in-process Redis path waits one round trip per call, 5 ms each way at least; the memory path none
+    assert redis_path["latency_p50_s"] >= 0.010
+    assert redis_path["latency_p50_s"] - memory_path["latency_p50_s"] >= 0.005
+
+
+def test_a_negative_store_delay_exits_2_naming_the_flag(capsys) -> None:
+    assert main(["--calls", "12", "--store-delay-ms", "-1", "--quiet"]) == 2
+    assert "--store-delay-ms" in capsys.readouterr().err
