@@ -73,6 +73,7 @@ class _Connection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = False
         self.received = False  # any byte of this answer
+        self.failed_at = 0.0  # when the connection failed (time.monotonic()), 0 while it has not
         self.delimited = False  # its end is known from a length or chunking, not the connection closing
         self.error: BaseException | None = None
         self._body: list[bytes] = []
@@ -177,6 +178,7 @@ class _Connection(asyncio.Protocol):
     def _fail(self, exc: BaseException) -> None:
         if self.error is None:
             self.error = exc
+            self.failed_at = time.monotonic()
         self._wake()
         self.close()
 
@@ -273,7 +275,9 @@ class Upstream:
                 try:
                     return await self._wait_headers(conn, deadline)
                 except ConnectionError:
-                    if conn.received or time.monotonic() - conn.sent_at > _STALE_WITHIN:
+                    # judged by when it failed, not when this wait began: an early send's answer is
+                    # awaited only once the route is back
+                    if conn.received or (conn.failed_at or time.monotonic()) - conn.sent_at > _STALE_WITHIN:
                         raise
                     conn = None  # the worker closed the idle connection as it was reused
             conn = await self._connect(origin, deadline)

@@ -27,22 +27,28 @@ _TRAILING_WS = re.compile(r"[^\S\n]+(?=\n|\Z)")
 
 
 # Long texts (a system prompt, a retrieved document) come back on every call of a session: their
-# canonical form is kept, keyed by the text (its hash is computed once per string object).
+# canonical form is kept, keyed by the text (its hash is computed once per string object), within
+# a budget of characters (keys and the values that differ from them); a memo that fills is cleared.
 _LONG_TEXT = 2048
-_LONG_TEXTS_KEPT = 256
+_LONG_TEXTS_BUDGET = 4 << 20
 _LONG_TEXTS: dict[str, str] = {}
+_long_texts_size = 0
 
 
 def canonical_text(text: str) -> str:
     """NFC, ``\\r\\n``/``\\r`` -> ``\\n``, trailing whitespace stripped per line."""
-    if len(text) < _LONG_TEXT:
+    global _long_texts_size
+    if not _LONG_TEXT <= len(text) <= _LONG_TEXTS_BUDGET // 16:
         return _canonical_text(text)
     done = _LONG_TEXTS.get(text)
     if done is None:
         done = _canonical_text(text)
-        if len(_LONG_TEXTS) >= _LONG_TEXTS_KEPT:
+        size = len(text) + (len(done) if done is not text else 0)
+        if _long_texts_size + size > _LONG_TEXTS_BUDGET:
             _LONG_TEXTS.clear()
+            _long_texts_size = 0
         _LONG_TEXTS[text] = done
+        _long_texts_size += size
     return done
 
 

@@ -272,3 +272,23 @@ def test_no_early_send_on_a_connection_the_worker_closed() -> None:
         await up.aclose()
 
     assert len(_serve(handler, test)) == 2
+
+
+def test_an_early_send_on_a_connection_closed_as_it_was_reused_is_sent_again_however_late_it_is_read() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(_answer(b"{}"))  # keep-alive in words; closed 20 ms later without reading more
+        await writer.drain()
+        await asyncio.sleep(0.02)
+
+    async def test(url: str, connections: list[int]) -> None:
+        up = Upstream(timeout=2.0, max_connections=4)
+        assert await up.post(url, "/generate", b"{}") == b"{}"
+        sent = up.send_now(url, "/generate", b"{}")  # before the close is seen: the connection looks idle
+        assert sent is not None
+        await asyncio.sleep(0.15)  # the route's round trip, slower than the stale-connection window
+        assert await up.answer(sent) == b"{}"
+        await up.aclose()
+
+    assert len(_serve(handler, test)) == 2
+

@@ -117,3 +117,14 @@ def test_a_plain_message_takes_the_quick_path_to_the_same_result(role, content, 
         except TemplateError as exc:
             outcomes.append(("error", exc.field, str(exc)))
     assert outcomes[0] == outcomes[1]
+
+
+def test_long_texts_kept_stay_within_their_budget() -> None:
+    from agent_cache.templates import canonical
+
+    for i in range(200):
+        text = f"doc {i} " + "word " * 20_000  # 100 KB each, 20 MB in all
+        assert canonical.canonical_text(text) == text.rstrip()
+        assert canonical._long_texts_size <= canonical._LONG_TEXTS_BUDGET
+    huge = "x" * (canonical._LONG_TEXTS_BUDGET // 16 + 1)
+    assert canonical.canonical_text(huge) == huge and huge not in canonical._LONG_TEXTS
