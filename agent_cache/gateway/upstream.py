@@ -259,12 +259,19 @@ class Upstream:
                     deadline: float | None) -> tuple[_Origin, _Connection]:
         """Send the request and wait for the answer's status line and headers (by ``deadline``, a
         ``time.monotonic()``, if given; else each wait is the timeout)."""
+        origin, request, conn = self._write_pooled(method, worker, path, body, streaming)
+        return origin, await self._headers(worker, origin, conn, request, streaming, deadline)
+
+    def _write_pooled(self, method: bytes, worker: str, path: str, body: bytes,
+                      streaming: bool) -> tuple[_Origin, bytes, _Connection | None]:
+        """The request, written at once on an idle keep-alive connection to ``worker`` if there is one
+        (returned with it; None: no connection is idle, nothing was written)."""
         origin = self._origin(worker)
         request = self._request(method, origin, path, body)
         conn = self._reusable(origin)
         if conn is not None:
             conn.send(request, streaming)
-        return origin, await self._headers(worker, origin, conn, request, streaming, deadline)
+        return origin, request, conn
 
     async def _headers(self, worker: str, origin: _Origin, conn: _Connection | None, request: bytes,
                        streaming: bool, deadline: float | None) -> _Connection:
@@ -371,13 +378,8 @@ class Upstream:
         """Write a :meth:`post` on an idle keep-alive connection to ``worker`` at once, without waiting
         for anything; None when no connection is idle. Read the answer with :meth:`answer` (or, with
         ``streaming``, :meth:`stream` given ``sent``), or :meth:`drop` it."""
-        origin = self._origin(worker)
-        conn = self._reusable(origin)
-        if conn is None:
-            return None
-        request = self._request(b"POST", origin, path, body)
-        conn.send(request, streaming)
-        return SentEarly(worker, origin, conn, request)
+        origin, request, conn = self._write_pooled(b"POST", worker, path, body, streaming)
+        return SentEarly(worker, origin, conn, request) if conn is not None else None
 
     async def answer(self, sent: "SentEarly") -> bytes:
         """The answer to a :meth:`send_now`, as :meth:`post` returns it."""

@@ -9,7 +9,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 import orjson
 
@@ -66,8 +66,21 @@ _TAIL_TOKENS: dict[str, int] = {}  # last piece of a text -> its tokens
 # Memo sizes: bounded so that prompts differing per session (each piece new)
 # keep process memory flat; a memo that fills is cleared and refills.
 _PIECE_CAPACITY = 4096
-_TOKEN_LENGTHS_KEPT = 1024  # template id -> token length, most recent
-_TOOL_SETS_KEPT = 256  # raw tools JSON -> their canonical form and rendering; cleared when full
+_TEMPLATES_KEPT = 1024  # stable part -> template id and token length; template -> display text
+_TOOL_SETS_KEPT = 256  # raw tools JSON -> their canonical form and rendering
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _kept(memo: dict[K, V], key: K, make: Callable[[], V], capacity: int) -> V:
+    """``memo[key]``, made and kept on a miss; a memo that fills is cleared and refills."""
+    hit = memo.get(key)
+    if hit is None:
+        hit = make()
+        if len(memo) >= capacity:
+            memo.clear()
+        memo[key] = hit
+    return hit
 
 
 def token_count(text: str) -> int:
@@ -164,8 +177,6 @@ class Templater:
         self._freeze_capacity = freeze_capacity
         self._frozen: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
         self._extracted: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, dict[str, str]]] = OrderedDict()
-        # template id -> token length: tokenise once per template, for the most recent ones
-        self._tokens: OrderedDict[str, int] = OrderedDict()
         # (canonical?, the tools as orjson writes them) -> (tools as sent, their JSON): an agent sends
         # the same tools on every call, so they are checked, rebuilt and written once
         self._tool_sets: dict[tuple[bool, bytes], tuple[list[dict[str, Any]], str]] = {}
@@ -176,36 +187,15 @@ class Templater:
         """The template id and token length of a stable part (its system texts after the tools' JSON),
         kept for the most recent ones: a memoised template's strings are the same objects call after
         call, so the key hashes them for free."""
-        key = (head, tuple(system_texts))
-        hit = self._ids.get(key)
-        if hit is None:
+        def make() -> tuple[str, int]:
             stable = _rendering(system_texts, head)
-            tid = _template_id(self.tenant, stable)
-            hit = (tid, self._token_length(tid, stable))
-            if len(self._ids) >= _TOKEN_LENGTHS_KEPT:
-                self._ids.clear()
-            self._ids[key] = hit
-        return hit
+            return _template_id(self.tenant, stable), token_count(stable)
+
+        return _kept(self._ids, (head, tuple(system_texts)), make, _TEMPLATES_KEPT)
 
     def _shown(self, template: str) -> str:
         """``display(template)``, kept for the most recent templates."""
-        shown = self._displayed.get(template)
-        if shown is None:
-            shown = display(template)
-            if len(self._displayed) >= _TOKEN_LENGTHS_KEPT:
-                self._displayed.clear()
-            self._displayed[template] = shown
-        return shown
-
-    def _token_length(self, tid: str, stable: str) -> int:
-        n = self._tokens.get(tid)
-        if n is None:
-            n = self._tokens[tid] = token_count(stable)
-            if len(self._tokens) > _TOKEN_LENGTHS_KEPT:
-                self._tokens.popitem(last=False)
-        else:
-            self._tokens.move_to_end(tid)
-        return n
+        return _kept(self._displayed, template, lambda: display(template), _TEMPLATES_KEPT)
 
     def _tools(self, tools: Sequence[Mapping[str, Any]] | None, canonical: bool,
                parsed_json: bool) -> tuple[list[dict[str, Any]] | None, str]:
@@ -221,18 +211,16 @@ class Templater:
                 key = (canonical, orjson.dumps(tools))
             except TypeError:  # an integer past 64 bits: not kept
                 pass
-        hit = self._tool_sets.get(key) if key is not None else None
-        if hit is None:
+
+        def make() -> tuple[list[dict[str, Any]], str]:
             if canonical:
                 sent = canonicalize([], tools, sort_tools=self.sort_tools)[1]
             else:
                 sent = list(tools)  # type: ignore[arg-type]  # sent as given
             assert sent is not None
-            hit = (sent, tools_json(sent))
-            if key is not None:
-                if len(self._tool_sets) >= _TOOL_SETS_KEPT:
-                    self._tool_sets.clear()
-                self._tool_sets[key] = hit
+            return sent, tools_json(sent)
+
+        hit = _kept(self._tool_sets, key, make, _TOOL_SETS_KEPT) if key is not None else make()
         return list(hit[0]) if canonical else list(tools), hit[1]  # type: ignore[arg-type]
 
     def normalize(

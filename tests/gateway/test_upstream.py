@@ -105,21 +105,29 @@ def test_a_chunked_stream_cut_anywhere_comes_out_line_by_line() -> None:
     _serve(handler, test)
 
 
-def test_a_connection_the_worker_closed_while_idle_is_replaced_without_an_error() -> None:
+def _answer_once_then_close(after: float) -> Handler:
+    """A worker that answers one request on a connection, says keep-alive, and closes it ``after``
+    seconds later without reading more (as uvicorn closes an idle connection after 5 s)."""
+
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
-        writer.write(_answer(b"{}"))  # says keep-alive, then closes once idle (as uvicorn after 5 s)
+        writer.write(_answer(b"{}"))
         await writer.drain()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(after)
 
+    return handler
+
+
+def test_a_connection_the_worker_closed_while_idle_is_replaced_without_an_error() -> None:
     async def test(url: str, connections: list[int]) -> None:
         up = Upstream(timeout=2.0, max_connections=4)
         assert await up.post(url, "/generate", b"{}") == b"{}"
         await asyncio.sleep(0.2)
+        assert up.send_now(url, "/generate", b"{}") is None  # no early send on the closed connection
         assert await up.post(url, "/generate", b"{}") == b"{}"
         await up.aclose()
 
-    assert len(_serve(handler, test)) == 2
+    assert len(_serve(_answer_once_then_close(0.05), test)) == 2
 
 
 def test_an_answer_that_ends_with_its_connection_is_whole() -> None:
@@ -256,31 +264,7 @@ def test_an_early_send_needs_an_idle_connection_and_is_answered_or_dropped() -> 
     assert seen[1].endswith(b'{"early":1}')
 
 
-def test_no_early_send_on_a_connection_the_worker_closed() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        writer.write(_answer(b"{}"))  # keep-alive in words, then closed while idle
-        await writer.drain()
-        await asyncio.sleep(0.05)
-
-    async def test(url: str, connections: list[int]) -> None:
-        up = Upstream(timeout=2.0, max_connections=4)
-        assert await up.post(url, "/generate", b"{}") == b"{}"
-        await asyncio.sleep(0.2)
-        assert up.send_now(url, "/generate", b"{}") is None
-        assert await up.post(url, "/generate", b"{}") == b"{}"
-        await up.aclose()
-
-    assert len(_serve(handler, test)) == 2
-
-
 def test_an_early_send_on_a_connection_closed_as_it_was_reused_is_sent_again_however_late_it_is_read() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        writer.write(_answer(b"{}"))  # keep-alive in words; closed 20 ms later without reading more
-        await writer.drain()
-        await asyncio.sleep(0.02)
-
     async def test(url: str, connections: list[int]) -> None:
         up = Upstream(timeout=2.0, max_connections=4)
         assert await up.post(url, "/generate", b"{}") == b"{}"
@@ -290,5 +274,5 @@ def test_an_early_send_on_a_connection_closed_as_it_was_reused_is_sent_again_how
         assert await up.answer(sent) == b"{}"
         await up.aclose()
 
-    assert len(_serve(handler, test)) == 2
+    assert len(_serve(_answer_once_then_close(0.02), test)) == 2
 
