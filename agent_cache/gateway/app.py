@@ -43,6 +43,7 @@ from agent_cache.errors import (
     WorkerTimeoutError,
 )
 from agent_cache.gateway.config import ApiKey, GatewayConfig, key_digest
+from agent_cache.gateway.readiness import ready_response
 from agent_cache.gateway.upstream import SentEarly, Upstream
 from agent_cache.gateway.requests import (
     CHAT,
@@ -421,14 +422,12 @@ class Gateway:
         return _error_for(last or NoHealthyWorkerError("no healthy worker"))
 
     async def health(self, request: Request) -> Response:
-        """200 while a worker is up, else 503 (while draining, the closed socket refuses the probe)."""
-        urls = [w.url for w in self.router.workers]
-        down = self.router.health.down(urls)
-        body = {"status": "ok", "workers": {u: u not in down for u in urls}, "inflight": self.inflight,
-                "store_degraded": self.router.availability.degraded}
-        if len(down) == len(urls):
-            body["status"] = "no_healthy_worker"
-        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+        """Liveness: 200 while the process serves (workers and store are /ready's; no worker URL here)."""
+        return JSONResponse({"status": "ok", "inflight": self.inflight,
+                             "store_degraded": self.router.availability.degraded})
+
+    async def ready(self, request: Request) -> Response:
+        return await ready_response(self.router, probing=self.config.probe_interval is not None)
 
     async def prometheus(self, request: Request) -> Response:
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
@@ -619,6 +618,7 @@ def create_app(config: GatewayConfig, router: Router | None = None) -> Starlette
             *(Route(path, endpoint, methods=["POST"]) for path, endpoint in proxied.items()),
             Route("/v1/models", gateway.models, methods=["GET"]),
             Route("/health", gateway.health, methods=["GET"]),
+            Route("/ready", gateway.ready, methods=["GET"]),
             Route("/metrics", gateway.prometheus, methods=["GET"]),
         ],
         lifespan=_lifespan(gateway),

@@ -1,0 +1,92 @@
+"""``/ready``: whether this gateway process can serve calls now (a Kubernetes readiness probe).
+
+``/health`` is liveness: 200 while the process serves, whatever its workers
+do (restarting the gateway does not bring a worker back). ``/ready`` is 200
+only when every configured pool has a healthy worker and the metadata store
+is usable. A store that is unreachable still counts as usable: the gateway
+then routes by rendezvous hashing (degraded mode), and taking every replica
+out of its Service because Redis is away would turn a cache-hit loss into an
+outage. A store that refuses the gateway (password, ACL, database) does not:
+every call would fail.
+
+Neither answer names a worker URL; they are open to unauthenticated callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from agent_cache.errors import ConfigError, StoreError
+from agent_cache.routing.health import CLOSED, HALF_OPEN
+from agent_cache.routing.router import Router
+from agent_cache.store.base import AsyncMetadataStore
+
+STORE_PING_TIMEOUT = 1.0  # seconds; a probe must answer well within the kubelet's timeout
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """The verdict: ``ready``, and the short reason when not (no worker URL, no secret)."""
+
+    ready: bool
+    store: str  # "ok", "degraded" (unreachable: routing by hashing) or "refused"
+    reason: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": "ready" if self.ready else "not_ready", "store": self.store}
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
+
+
+def pools_without_healthy_worker(router: Router, *, probing: bool) -> list[str]:
+    """The configured pools none of whose workers is healthy, in order of configuration.
+
+    A worker is healthy while its breaker is closed. A half-open breaker (cooldown over, trial
+    pending) counts only when nothing probes the workers: then a call is its only trial, and
+    a replica kept out of its Service would never get one.
+    """
+    healthy_states = {CLOSED, HALF_OPEN} if not probing else {CLOSED}
+    pools: dict[str, bool] = {}
+    for w in router.workers:
+        ok = router.health.state(w.url) in healthy_states
+        pools[w.pool] = pools.get(w.pool, False) or ok
+    return [pool for pool, ok in pools.items() if not ok]
+
+
+async def store_state(router: Router) -> str:
+    """``ok``, ``degraded`` (unreachable or too slow: calls route by hashing) or ``refused``."""
+    store = router.store
+    try:
+        if isinstance(store, AsyncMetadataStore):
+            await asyncio.wait_for(store.aping(), STORE_PING_TIMEOUT)
+        else:  # a sync-only store: its ping off the event loop
+            await asyncio.wait_for(asyncio.to_thread(store.ping), STORE_PING_TIMEOUT)
+    except ConfigError:  # the store refuses this client: every call would fail
+        return "refused"
+    except (StoreError, asyncio.TimeoutError):
+        return "degraded"
+    return "ok"
+
+
+async def check_readiness(router: Router, *, probing: bool) -> Readiness:
+    store = await store_state(router)
+    if store == "refused":
+        return Readiness(False, store, "the metadata store refuses the gateway (see its log)")
+    missing = pools_without_healthy_worker(router, probing=probing)
+    if missing:
+        return Readiness(False, store, f"no healthy worker in pool {', '.join(repr(p) for p in missing)}")
+    return Readiness(True, store)
+
+
+async def ready_response(router: Router, *, probing: bool) -> JSONResponse:
+    """The ``/ready`` answer: 200 when ready, else 503 with the reason."""
+    verdict = await check_readiness(router, probing=probing)
+    return JSONResponse(verdict.body(), status_code=200 if verdict.ready else 503)
+
+
+__all__ = ["Readiness", "check_readiness", "pools_without_healthy_worker", "ready_response", "store_state"]
