@@ -42,8 +42,19 @@ _REFUSED = (
     redis.exceptions.AuthorizationError,
     redis.exceptions.NoPermissionError,
 )
-_REFUSED_REPLIES = ("NOAUTH", "NOPERM", "WRONGPASS", "DB index is out of range",
-                    "can't run this command")  # the last: a command refused inside a script
+# what each refusal means, by the words of Redis's reply (redis-py drops the reply's first word)
+_REFUSALS = (
+    ("invalid username-password pair", "WRONGPASS: a wrong user name or password"),
+    ("HELLO must be called with the client already authenticated", "NOAUTH: Redis needs a password, none was given"),
+    ("Authentication required", "NOAUTH: Redis needs a password, none was given"),
+    ("called without any password configured", "a password was given to a Redis that has none"),
+    ("Client sent AUTH, but no password is set", "a password was given to a Redis that has none"),
+    ("DB index is out of range", "no such database index"),
+    ("can't run this command", "NOPERM: the ACL rules do not allow a command the scripts run"),
+    ("NOPERM", "NOPERM: the ACL rules do not allow this command"),
+    ("NOAUTH", "NOAUTH: Redis needs a password, none was given"),
+    ("WRONGPASS", "WRONGPASS: a wrong user name or password"),
+)
 
 
 def validate_redis_url(url: str, field: str = "redis_url") -> str:
@@ -77,9 +88,10 @@ def validate_redis_url(url: str, field: str = "redis_url") -> str:
 def map_error(exc: Exception) -> StoreError | ConfigError:
     """The agent-cache error for a redis-py error (or an OSError from a socket)."""
     shown = redact_url(exc)
-    if isinstance(exc, _REFUSED) or any(reply in str(exc) for reply in _REFUSED_REPLIES):
-        return StoreRefusedError(f"Redis refused this client ({shown}); check the user, password, database "
-                                 "index and ACL rules (docs/deploying-redis.md)")
+    cause = next((words for reply, words in _REFUSALS if reply in str(exc)), None)
+    if cause is not None or isinstance(exc, _REFUSED):
+        return StoreRefusedError(f"Redis refused this client ({cause or type(exc).__name__}: {shown}); check the "
+                                 "user, password, database index and ACL rules (docs/deploying-redis.md)")
     if isinstance(exc, (*_UNAVAILABLE, OSError)):
         return StoreUnavailableError(f"redis unavailable: {shown}")
     if isinstance(exc, _CANNOT_WRITE):
