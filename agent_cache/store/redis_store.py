@@ -18,20 +18,8 @@ import redis
 from agent_cache.errors import ConfigError, StoreRefusedError
 from agent_cache.placement.rule import Policy
 from agent_cache.store import keys, lua
-from agent_cache.store.base import (
-    DEFAULT_PREFIX,
-    DEFAULT_SESSION_TTL,
-    DEFAULT_TEMPLATE_WINDOW,
-    Lease,
-    ReleaseBatch,
-    Releases,
-    RouteQuery,
-    RouteResult,
-    UsageReport,
-    WorkerSpec,
-    template_retention,
-    to_ms,
-)
+from agent_cache.store.base import (DEFAULT_PREFIX, DEFAULT_SESSION_TTL, DEFAULT_TEMPLATE_WINDOW, Lease, ReleaseBatch,
+                                    Releases, RouteQuery, RouteResult, UsageReport, WorkerSpec, template_retention, to_ms)
 from agent_cache.store.redis_client import delete_deployment, is_cluster, make_client, map_error, validate_redis_url
 from agent_cache.store.redis_stats import collect_stats, decode_record
 
