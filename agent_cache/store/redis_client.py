@@ -18,6 +18,7 @@ from agent_cache.errors import ConfigError, StoreError, StoreRefusedError, Store
 from agent_cache.redact import redact_url
 from agent_cache.store import keys
 
+ASYNC_CONNECTIONS = 64  # per event loop (a gateway process runs one)
 SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster")
 _UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 # Redis answers but cannot take writes (maxmemory reached under noeviction, a
@@ -146,6 +147,14 @@ def make_client(url: str, options: dict[str, Any], *, cluster: bool, asyncio: bo
     if cluster or is_cluster(url):
         plain = parts._replace(scheme=parts.scheme.split("+")[0]).geturl()
         return RedisCluster.from_url(plain, **options)
+    if asyncio:
+        # an event loop's calls in flight each hold a connection while their script runs: at most
+        # ASYNC_CONNECTIONS of them, the rest wait up to the socket timeout for one (then: unavailable)
+        opts = {"max_connections": ASYNC_CONNECTIONS, "timeout": options.get("socket_timeout"), **options}
+        pool = lib.BlockingConnectionPool.from_url(url, **opts, retry=Retry(NoBackoff(), 0))
+        client = lib.Redis(connection_pool=pool)
+        client.auto_close_connection_pool = True  # aclose() closes the pool, as from_url's client does
+        return client
     return lib.Redis.from_url(url, **options, retry=Retry(NoBackoff(), 0))
 
 

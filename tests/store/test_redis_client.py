@@ -177,3 +177,23 @@ def test_the_check_names_a_command_the_acl_rules_leave_out(redis_server_factory,
     with pytest.raises(StoreRefusedError, match="PEXPIRE"):
         narrow.check()  # before any call met the missing command inside a script
     narrow.close()
+
+
+def test_an_event_loops_calls_share_a_bounded_set_of_connections(redis_server, prefix) -> None:
+    from agent_cache.store.redis_client import ASYNC_CONNECTIONS
+
+    name = f"bounded-{prefix}"
+    store = RedisStore(redis_server.url, prefix=prefix, socket_timeout=2.0, client_name=name)
+    admin = redis.Redis(port=redis_server.port)
+
+    async def main() -> tuple[list[str | None], int]:
+        workers = await asyncio.gather(*[_aroute(store, f"s{i % 50}") for i in range(400)])
+        opened = sum(1 for c in admin.client_list() if c.get("name") == name)
+        await store.aclose()
+        return workers, opened
+
+    workers, opened = asyncio.run(main())
+    assert len(workers) == 400 and set(workers) <= {w.url for w in WORKERS}
+    assert 1 <= opened <= ASYNC_CONNECTIONS, opened
+    admin.close()
+    store.close()
