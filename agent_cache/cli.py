@@ -160,6 +160,48 @@ def _add_stats(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=_stats)
 
 
+def _store_ready(url: str | None, prefix: str, *, debug: bool) -> bool:
+    """Whether Redis takes the gateway's calls, asked as a call asks it (the store's asyncio client, its
+    scripts, its ACL rules). A refusal is one line naming the cause (with the traceback under debug): the
+    gateway stops before it serves rather than answer every call with an error. An unreachable Redis is
+    one warning line: the gateway starts and routes degraded until Redis answers."""
+    if url is None:
+        return True
+    import asyncio
+    import traceback
+
+    from agent_cache.errors import ConfigError, StoreError, StoreUnavailableError
+    from agent_cache.redact import redact_url
+    from agent_cache.store import RedisStore
+
+    async def check(store: RedisStore) -> None:
+        try:
+            await store.acheck()
+        finally:
+            await store.aclose()
+
+    try:
+        store = RedisStore(url, prefix=prefix)
+        try:
+            asyncio.run(check(store))
+        finally:
+            store.close()
+    except (ConfigError, StoreError) as exc:
+        if debug:
+            traceback.print_exc()
+        reason = redact_url(str(exc).removeprefix("redis_url: "))
+        if isinstance(exc, StoreUnavailableError):
+            # Redis may come up after the gateway (a pod restart, a rolling update): route by hashing
+            # until it answers, as the gateway does when Redis goes away while it runs.
+            reason = f"cannot reach Redis ({reason.removeprefix('redis unavailable: ')})"
+            print(f"agent-cache serve: warning: --redis {redact_url(url)}: {reason}; routing degraded "
+                  "(by hashing) until it answers", file=sys.stderr)
+            return True
+        print(f"agent-cache serve: error: --redis {redact_url(url)}: {reason}", file=sys.stderr)
+        return False
+    return True
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -182,6 +224,8 @@ def _serve(args: argparse.Namespace) -> int:
             extra_fields=frozenset(f.strip() for f in (args.extra_fields or "").split(",") if f.strip()),
             worker_api_key=environment.value(environment.API_KEY), first_byte_floor=args.first_byte_floor,
         )
+        if not _store_ready(args.redis, args.prefix, debug=args.log_level == "debug"):
+            return 1
         app = create_app(config)
     except ConfigError as exc:
         print(f"agent-cache serve: {exc}", file=sys.stderr)

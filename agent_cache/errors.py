@@ -137,6 +137,14 @@ class StoreUnavailableError(StoreError):
     """The store cannot be reached; routing falls back to degraded mode."""
 
 
+class StoreRefusedError(ConfigError):
+    """Redis answers but refuses this client (credentials, ACL rules, database index): retrying cannot
+    help, so it is a configuration error naming ``redis_url``, not the degraded mode of an unreachable store."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("redis_url", message)
+
+
 class RoutingError(AgentCacheError):
     """No worker can take the call."""
 

@@ -38,6 +38,7 @@ from agent_cache.errors import (
     RequestRejectedError,
     RoutingError,
     StoreError,
+    StoreRefusedError,
     StoreUnavailableError,
     StreamError,
     WorkerTimeoutError,
@@ -113,7 +114,7 @@ def _error_for(exc: BaseException, path: str = CHAT) -> JSONResponse:
     if isinstance(exc, RequestRejectedError):
         headers = {"Retry-After": str(int(exc.retry_after))} if exc.retry_after is not None else None
         return error_response(exc.status, str(exc), code=exc.code, headers=headers)
-    if isinstance(exc, ConfigError) and exc.field == "redis_url":  # the store refuses the gateway: not the caller's fault
+    if isinstance(exc, StoreRefusedError):  # the store refuses the gateway: not the caller's fault
         logger.error("the metadata store refused the gateway: %s", exc)
         return error_response(500, "the gateway's metadata store refused it (see the gateway's log)",
                               code="store_misconfigured")

@@ -146,18 +146,8 @@ class MetadataStore(Protocol):
 
     def release_many(self, releases: ReleaseBatch | Mapping[str, int], now: float) -> None: ...
 
-    def report(
-        self,
-        tenant: str,
-        session_id: str,
-        worker: str,
-        epoch: int,
-        template_id: str | None,
-        prompt_tokens: int,
-        cached_tokens: int,
-        now: float,
-        releases: Releases = None,
-    ) -> None: ...
+    def report(self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None,
+               prompt_tokens: int, cached_tokens: int, now: float, releases: Releases = None) -> None: ...
 
     def abandon(
         self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None, now: float,
@@ -204,18 +194,8 @@ class AsyncMetadataStore(Protocol):
 
     async def arelease_many(self, releases: ReleaseBatch | Mapping[str, int], now: float) -> None: ...
 
-    async def areport(
-        self,
-        tenant: str,
-        session_id: str,
-        worker: str,
-        epoch: int,
-        template_id: str | None,
-        prompt_tokens: int,
-        cached_tokens: int,
-        now: float,
-        releases: Releases = None,
-    ) -> None: ...
+    async def areport(self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None,
+                      prompt_tokens: int, cached_tokens: int, now: float, releases: Releases = None) -> None: ...
 
     async def aabandon(
         self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None, now: float,

@@ -262,18 +262,8 @@ class MemoryStore:
         with self._lock:
             self._release(releases)
 
-    def report(
-        self,
-        tenant: str,
-        session_id: str,
-        worker: str,
-        epoch: int,
-        template_id: str | None,
-        prompt_tokens: int,
-        cached_tokens: int,
-        now: float,
-        releases: Releases = None,
-    ) -> None:
+    def report(self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None,
+               prompt_tokens: int, cached_tokens: int, now: float, releases: Releases = None) -> None:
         self.report_many([UsageReport(tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens,
                                       now)], now, releases)
 
@@ -438,18 +428,8 @@ class MemoryStore:
     async def arelease_many(self, releases: ReleaseBatch | Mapping[str, int], now: float) -> None:
         self.release_many(releases, now)
 
-    async def areport(
-        self,
-        tenant: str,
-        session_id: str,
-        worker: str,
-        epoch: int,
-        template_id: str | None,
-        prompt_tokens: int,
-        cached_tokens: int,
-        now: float,
-        releases: Releases = None,
-    ) -> None:
+    async def areport(self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None,
+                      prompt_tokens: int, cached_tokens: int, now: float, releases: Releases = None) -> None:
         self.report(tenant, session_id, worker, epoch, template_id, prompt_tokens, cached_tokens, now, releases)
 
     async def aabandon(self, tenant: str, session_id: str, worker: str, epoch: int, template_id: str | None,
