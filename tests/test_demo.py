@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 def test_quick_demo_output() -> None:
     out = subprocess.run([sys.executable, "-m", "agent_cache.cli", "demo", "--quick", "--time-scale", "0.2"],
@@ -24,3 +26,73 @@ def test_quick_demo_output() -> None:
     recomputed = re.search(r"^tokens recomputed\s+(\d+)\s+(\d+)\s+(\d+)$", text, re.M)
     assert recomputed and int(recomputed.group(3)) < int(recomputed.group(2)) < int(recomputed.group(1))
     assert "routing alone recomputed" in text
+
+
+def test_runs_on_given_workers_each_start_cold_and_leave_no_redis_keys(fleet, redis_url) -> None:
+    """Workers given by URL (separate servers) are flushed before each run: each run's first call hits nothing."""
+    import redis
+
+    from agent_cache.cli import build_parser
+    from agent_cache.demo import compare
+
+    args = build_parser().parse_args(["demo", "--workers", ",".join(fleet.urls), "--redis", redis_url])
+    assert args.workers == fleet.urls
+    results = compare(args.workers, sessions=2, concurrency=1, model="m", redis_url=args.redis)
+    assert [r.sessions for r in results] == [2, 2, 2]
+    assert [r.first_call_cached for r in results] == [0, 0, 0]  # unflushed, the 2nd run's first call would hit
+    assert all(r.cached_tokens > 0 for r in results)  # later calls of each run do hit
+    assert list(redis.Redis.from_url(redis_url).scan_iter(match="*agent-cache-demo-*")) == []
+
+
+def test_a_worker_refusing_the_flush_stops_the_demo_with_one_line(capsys) -> None:
+    import threading
+    import time
+
+    import httpx
+
+    from agent_cache.cli import main
+    from agent_cache.sim import SimFleet
+
+    with SimFleet(1, time_scale=200) as busy:  # one decode step takes seconds: a request stays running
+        url = busy.urls[0]
+        body = {"model": "m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 64}
+        threading.Thread(target=lambda: httpx.post(url + "/v1/chat/completions", json=body, timeout=30),
+                         daemon=True).start()
+        deadline = time.monotonic() + 10
+        while busy.engine(0).running + busy.engine(0).queued == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert main(["demo", "--workers", url, "--quick"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()  # read before the busy worker's shutdown logs
+    assert len(err) == 1 and url in err[0] and "did not flush its cache" in err[0] and "requests run" in err[0]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["serve", "--workers", "http://a:1,http://b:2/v1"], ["http://a:1", "http://b:2"]),
+    (["serve", "--workers", "http://a:1", "http://b:2"], ["http://a:1", "http://b:2"]),
+    (["demo", "--worker-urls", "http://a:1", "--workers", "http://b:2, http://c:3/"],
+     ["http://a:1", "http://b:2", "http://c:3"]),
+])
+def test_one_workers_syntax_for_every_command(argv, expected) -> None:
+    from agent_cache.cli import build_parser
+
+    assert build_parser().parse_args(argv).workers == expected
+
+
+@pytest.mark.parametrize("command", ["demo", "serve"])
+@pytest.mark.parametrize("value, message", [("http://a:1,http://b:99999", "bad port in 'http://b:99999'"),
+                                            ("ftp://a", "unsupported URL scheme 'ftp'"), (",", "no worker URL")])
+def test_a_bad_worker_url_is_one_line_naming_it(command, value, message) -> None:
+    out = subprocess.run([sys.executable, "-m", "agent_cache.cli", command, "--workers", value],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"agent-cache {command}: error: --workers: {message}" or (
+        out.stderr.count("\n") == 1 and message in out.stderr and "Traceback" not in out.stderr), out.stderr
+
+
+def test_the_environment_default_is_checked_too() -> None:
+    import os
+
+    out = subprocess.run([sys.executable, "-m", "agent_cache.cli", "demo", "--quick"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "AGENT_CACHE_WORKERS": "http://a:1,http://b:x"})
+    assert out.returncode == 2 and out.stderr.strip() == "agent-cache demo: AGENT_CACHE_WORKERS: bad port in 'http://b:x'"

@@ -16,6 +16,7 @@ streaming calls, and ``Router.execute`` / ``Router.aexecute``.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from dataclasses import dataclass
 from typing import (
@@ -33,6 +34,7 @@ T = TypeVar("T")
 Y = TypeVar("Y")
 
 RETRY_BACKOFF = 0.2  # seconds before a call's second attempt, doubling after (ChatSGLang and the gateway)
+_JITTER = random.Random()  # backoff jitter only: no secret, so not the secrets module
 
 
 # --- the steps the flow asks for --------------------------------------------------------
@@ -91,12 +93,19 @@ def next_exclude(exclude: frozenset[str], failed: str, workers: Sequence[str]) -
     return frozenset() if exclude >= set(workers) else exclude
 
 
+def backoff_seconds(base: float, attempt: int, rng: random.Random = _JITTER) -> float:
+    """The wait after failed attempt ``attempt`` (0-based): ``base`` x 2^attempt with equal jitter, i.e. a
+    uniform draw from its upper half, so callers that failed together do not all retry at the same moment."""
+    ceiling = base * 2**attempt
+    return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
+
+
 def call_flow(workers: Sequence[str], *, max_attempts: int, backoff: float = 0.0,
               last_resort: bool = False) -> Generator[Step, Any, tuple[Any, "Placement"]]:
     """The decisions of one call; returns ``(value, placement)`` of the attempt that succeeded.
 
     ``max_attempts``: tries in all; ``backoff``: seconds before the second
-    try, doubling after each; ``last_resort``: after a failure, try a worker
+    try, doubling after each, jittered by :func:`backoff_seconds`; ``last_resort``: after a failure, try a worker
     even when none is healthy (breakers open on evidence that may be stale).
     """
     exclude: frozenset[str] = frozenset()
@@ -117,7 +126,7 @@ def call_flow(workers: Sequence[str], *, max_attempts: int, backoff: float = 0.0
         last = attempt.error
         exclude = next_exclude(exclude, placement.worker, workers)
         if backoff > 0:
-            yield Backoff(backoff * 2**n)
+            yield Backoff(backoff_seconds(backoff, n))
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 

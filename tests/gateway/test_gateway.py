@@ -19,7 +19,7 @@ import redis
 from agent_cache.bench.realfleet import AgentCacheGateways, Processes
 from agent_cache.sim import SimFleet
 
-REDIS = "redis://127.0.0.1:6379/0"
+REDIS = ""  # the suite's private Redis, set by _private_redis before any test runs
 TOOLS = [{"type": "function", "function": {
     "name": f"tool_{i}", "description": f"Tool number {i}.",
     "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
@@ -34,14 +34,21 @@ def fleet() -> Iterator[SimFleet]:
         yield f
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _private_redis(redis_url: str) -> None:
+    global REDIS
+    REDIS = redis_url
+
+
 @pytest.fixture
 def procs() -> Iterator[Processes]:
     with Processes() as p:
         yield p
 
 
-def _gateway(procs: Processes, fleet: SimFleet, *args: str, count: int = 1, redis_url: str | None = REDIS,
+def _gateway(procs: Processes, fleet: SimFleet, *args: str, count: int = 1, redis_url: str | None = None,
              prefix: str | None = None) -> AgentCacheGateways:
+    redis_url = redis_url or REDIS  # default: the suite's private Redis
     prefix_args = ["--prefix", prefix or f"t-{uuid.uuid4().hex[:10]}"]
     return AgentCacheGateways(procs, fleet.urls, redis_url=redis_url, count=count, args=[*prefix_args, *args])
 

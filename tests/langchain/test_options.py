@@ -86,9 +86,9 @@ def test_type_checkers_see_every_option(tmp_path):
     assert ':4: error: Argument "max_tokens"' in errors[1]
 
 
-def test_environment_defaults_yield_to_keywords_and_to_a_router(monkeypatch) -> None:
+def test_environment_defaults_yield_to_keywords_and_to_a_router(monkeypatch, redis_url) -> None:
     monkeypatch.setenv("AGENT_CACHE_API_KEY", "from-env")
-    monkeypatch.setenv("AGENT_CACHE_REDIS_URL", "redis://127.0.0.1:6379/0")
+    monkeypatch.setenv("AGENT_CACHE_REDIS_URL", redis_url)
     url = "http://127.0.0.1:9"
     from_env = ChatSGLang(base_url=url)
     try:

@@ -36,11 +36,13 @@ def test_a_retryable_failure_settles_backs_off_and_tries_elsewhere_then_the_last
     next(flow)
     flow.send(_placed("http://a"))
     assert flow.send(_attempt("http://a", err)) == Settle(_placed("http://a"), err, None)
-    assert flow.send(None) == Backoff(0.2)
+    first = flow.send(None)
+    assert isinstance(first, Backoff) and 0.1 <= first.seconds <= 0.2  # 0.2 s, jittered down to half
     assert flow.send(None) == Choose(frozenset({"http://a"}), last_resort=True)
     flow.send(_placed("http://b"))
     flow.send(_attempt("http://b", err))
-    assert flow.send(None) == Backoff(0.4)  # doubling
+    second = flow.send(None)
+    assert isinstance(second, Backoff) and 0.2 <= second.seconds <= 0.4  # doubling
     # every worker failed once: the exclusions start over rather than leave nothing to try
     assert flow.send(None) == Choose(frozenset(), last_resort=True)
     flow.send(_placed("http://a"))
@@ -81,3 +83,18 @@ def test_no_healthy_worker_raises_the_last_failure_or_itself() -> None:
 def test_next_exclude_starts_over_when_every_worker_failed() -> None:
     assert next_exclude(frozenset(), "http://a", WORKERS) == {"http://a"}
     assert next_exclude(frozenset({"http://a"}), "http://b", WORKERS) == frozenset()
+
+
+def test_backoff_doubles_with_equal_jitter_over_the_upper_half_of_each_window() -> None:
+    import random
+    import statistics
+
+    from agent_cache.routing.lifecycle import backoff_seconds
+
+    rng = random.Random(7)
+    for attempt, ceiling in enumerate([0.2, 0.4, 0.8]):
+        draws = [backoff_seconds(0.2, attempt, rng) for _ in range(4000)]
+        assert all(ceiling / 2 <= d <= ceiling for d in draws)
+        assert min(draws) < ceiling * 0.51 and max(draws) > ceiling * 0.99  # the whole half is used
+        assert abs(statistics.mean(draws) - ceiling * 0.75) < ceiling * 0.02  # uniform over it
+    assert backoff_seconds(0.2, 0, random.Random(1)) != backoff_seconds(0.2, 0, random.Random(2))

@@ -227,11 +227,11 @@ def test_redis_out_of_memory_routes_degraded_then_recovers(redis_server_factory,
     raw.close()
 
 
-def test_the_likely_worker_is_where_the_session_was_last_served_while_it_can_take_calls(prefix):
+def test_the_likely_worker_is_where_the_session_was_last_served_while_it_can_take_calls(prefix, redis_url):
     from agent_cache.backends.protocol import Usage
     from agent_cache.errors import WorkerConnectionError
 
-    router = Router(URLS, redis_url="redis://127.0.0.1:6379/0", prefix=prefix, probe_interval=None)
+    router = Router(URLS, redis_url=redis_url, prefix=prefix, probe_interval=None)
     request = RouteRequest("s1", template_id="t1", tenant="acme")
     assert router.likely_worker(request) is None  # never served here
     p = router.route(request)

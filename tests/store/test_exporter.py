@@ -13,7 +13,6 @@ from agent_cache.routing import RouteRequest, Router
 from agent_cache.store.redis_store import delete_deployment
 from tests.conftest import free_port
 
-REDIS = "redis://127.0.0.1:6379/0"
 WORKERS = ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]
 
 
@@ -25,15 +24,15 @@ def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-def test_metrics_server_exports_what_routers_wrote_to_the_store(prefix) -> None:
-    router = Router(WORKERS, redis_url=REDIS, prefix=prefix, probe_interval=None, release_delay=0)
+def test_metrics_server_exports_what_routers_wrote_to_the_store(prefix, redis_url) -> None:
+    router = Router(WORKERS, redis_url=redis_url, prefix=prefix, probe_interval=None, release_delay=0)
     placements = [router.route(RouteRequest(session_id=f"s{i}")) for i in range(6)]
     for p in placements[:4]:
         router.settle(p)
         router.report(p, prompt_tokens=1000, cached_tokens=600)
     router.flush()
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agent_cache.cli", "metrics-server", "--redis", REDIS,
+    proc = subprocess.Popen([sys.executable, "-m", "agent_cache.cli", "metrics-server", "--redis", redis_url,
                              "--prefix", prefix, "--port", str(port)], stderr=subprocess.PIPE)
     try:
         url = f"http://127.0.0.1:{port}/metrics"
@@ -56,7 +55,7 @@ def test_metrics_server_exports_what_routers_wrote_to_the_store(prefix) -> None:
         proc.terminate()
         assert proc.wait(10) == 0
         router.close()
-        delete_deployment(REDIS, prefix)
+        delete_deployment(redis_url, prefix)
 
 
 def test_metrics_server_reports_an_unreachable_store_as_down() -> None:

