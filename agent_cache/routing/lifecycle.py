@@ -96,7 +96,7 @@ def next_exclude(exclude: frozenset[str], failed: str, workers: Sequence[str]) -
 def backoff_seconds(base: float, attempt: int, rng: random.Random = _JITTER) -> float:
     """The wait after failed attempt ``attempt`` (0-based): ``base`` x 2^attempt with equal jitter, i.e. a
     uniform draw from its upper half, so callers that failed together do not all retry at the same moment."""
-    ceiling = base * 2**attempt
+    ceiling: float = base * 2.0**attempt
     return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
 
 
