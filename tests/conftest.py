@@ -24,6 +24,13 @@ import redis
 from agent_cache.sim import SimFleet
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # a developer's own AGENT_CACHE_REDIS_URL / _WORKERS must not point the tests (or the commands they start)
+    # at real services: tests that need one set it themselves
+    for name in [n for n in os.environ if n.startswith("AGENT_CACHE_")]:
+        del os.environ[name]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
