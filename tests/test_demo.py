@@ -6,8 +6,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 
 def test_quick_demo_output() -> None:
     out = subprocess.run([sys.executable, "-m", "agent_cache.cli", "demo", "--quick", "--time-scale", "0.2"],
@@ -65,34 +63,3 @@ def test_a_worker_refusing_the_flush_stops_the_demo_with_one_line(capsys) -> Non
         assert main(["demo", "--workers", url, "--quick"]) == 1
         err = capsys.readouterr().err.strip().splitlines()  # read before the busy worker's shutdown logs
     assert len(err) == 1 and url in err[0] and "did not flush its cache" in err[0] and "requests run" in err[0]
-
-
-@pytest.mark.parametrize("argv, expected", [
-    (["serve", "--workers", "http://a:1,http://b:2/v1"], ["http://a:1", "http://b:2"]),
-    (["serve", "--workers", "http://a:1", "http://b:2"], ["http://a:1", "http://b:2"]),
-    (["demo", "--worker-urls", "http://a:1", "--workers", "http://b:2, http://c:3/"],
-     ["http://a:1", "http://b:2", "http://c:3"]),
-])
-def test_one_workers_syntax_for_every_command(argv, expected) -> None:
-    from agent_cache.cli import build_parser
-
-    assert build_parser().parse_args(argv).workers == expected
-
-
-@pytest.mark.parametrize("command", ["demo", "serve"])
-@pytest.mark.parametrize("value, message", [("http://a:1,http://b:99999", "bad port in 'http://b:99999'"),
-                                            ("ftp://a", "unsupported URL scheme 'ftp'"), (",", "no worker URL")])
-def test_a_bad_worker_url_is_one_line_naming_it(command, value, message) -> None:
-    out = subprocess.run([sys.executable, "-m", "agent_cache.cli", command, "--workers", value],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2
-    assert out.stderr.strip() == f"agent-cache {command}: error: --workers: {message}" or (
-        out.stderr.count("\n") == 1 and message in out.stderr and "Traceback" not in out.stderr), out.stderr
-
-
-def test_the_environment_default_is_checked_too() -> None:
-    import os
-
-    out = subprocess.run([sys.executable, "-m", "agent_cache.cli", "demo", "--quick"], capture_output=True,
-                         text=True, timeout=60, env={**os.environ, "AGENT_CACHE_WORKERS": "http://a:1,http://b:x"})
-    assert out.returncode == 2 and out.stderr.strip() == "agent-cache demo: AGENT_CACHE_WORKERS: bad port in 'http://b:x'"
