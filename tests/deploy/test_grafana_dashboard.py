@@ -63,14 +63,14 @@ def test_a_broken_query_does_not_parse():
         promql_parser.parse("sum(rate(agent_cache_gateway_requests_total[5m])")
 
 
-def test_every_series_the_dashboard_reads_is_exposed_by_a_live_gateway():
+def test_every_series_the_dashboard_reads_is_exposed_by_a_live_gateway(redis_url):
     wanted = set().union(*(_series(e) for e in _exprs()))
     assert {"agent_cache_gateway_requests_total", "agent_cache_cached_tokens_total"} <= wanted
     body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}
     with SimFleet(2) as fleet, Processes() as procs:
         port = free_port()
         proc = procs.start("serve", [sys.executable, "-m", "agent_cache.cli", "serve", "--port", str(port),
-                                     "--workers", ",".join(fleet.urls), "--redis", "redis://127.0.0.1:6379/0",
+                                     "--workers", ",".join(fleet.urls), "--redis", redis_url,
                                      "--prefix", f"t-{uuid.uuid4().hex[:10]}"])
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: httpx.get(url + "/ready", timeout=2.0).status_code == 200, [proc], "agent-cache serve",

@@ -26,7 +26,7 @@ from kubernetes_validate.utils import latest_version
 from agent_cache.bench.realfleet import Processes, wait_until
 from agent_cache.cli import build_parser
 from agent_cache.sim import SimFleet
-from tests.conftest import free_port
+from tests.conftest import NO_REDIS, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kubernetes"
@@ -236,8 +236,8 @@ def test_redis_is_a_single_instance_for_trying_with_the_production_note():
 def manifest_redis() -> Iterator[str]:
     """Redis started with the manifest's own command and configuration (its port moved to a free one);
     yields the URL as the agent-cache-redis Secret's `url` key holds it."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server binary not found")
+    if shutil.which("redis-server") is None:  # the manifest's script runs it by name
+        pytest.skip(NO_REDIS)
     container = _container(_one("Deployment", "redis"))
     script = container["args"][0]
     port = free_port()
