@@ -9,16 +9,13 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import orjson
 
 from agent_cache.errors import TemplateError
 from agent_cache.templates.canonical import STABLE_ROLES, canonicalize, content_text, tools_json
 from agent_cache.templates.detectors import display, extract_volatile, render
-
-if TYPE_CHECKING:
-    from agent_cache.templates.registry import TemplateRegistry
 
 CONTEXT_HEADER = "Session context:"
 VALUES_POSITIONS = ("system_suffix_message", "first_user_prefix")
@@ -156,7 +153,6 @@ class Templater:
         freeze_values: bool = False,
         sort_tools: bool = True,
         tenant: str = "default",
-        registry: "TemplateRegistry | None" = None,
         freeze_capacity: int = 10_000,
     ) -> None:
         try:
@@ -173,7 +169,6 @@ class Templater:
         self.freeze_values = freeze_values
         self.sort_tools = sort_tools
         self.tenant = tenant
-        self.registry = registry
         self._freeze_capacity = freeze_capacity
         self._frozen: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
         self._extracted: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, dict[str, str]]] = OrderedDict()
@@ -244,7 +239,7 @@ class Templater:
             tid, tokens = self._identify(
                 [(m["role"], content_text(m.get("content"))) for m in list(messages)[:lead]], head)
             out = NormalizedPrompt([dict(m) for m in messages], raw_tools, tid, tokens, {})
-            return self._record(out, session_id)
+            return out
 
         ctools: Sequence[Mapping[str, Any]] | None
         if self.mode is TemplateMode.SYSTEM:
@@ -260,7 +255,7 @@ class Templater:
             lead = _leading_stable(msgs)
         if self.mode is TemplateMode.CANONICAL:
             tid, tokens = self._identify([(m["role"], content_text(m["content"])) for m in msgs[:lead]], head)
-            return self._record(NormalizedPrompt(msgs, ctools, tid, tokens, {}), session_id)
+            return NormalizedPrompt(msgs, ctools, tid, tokens, {})
 
         msgs, lead = self._undo_context(msgs, lead)
         vars_ = {**self.variables, **(variables or {})}
@@ -313,7 +308,7 @@ class Templater:
         else:
             out_msgs.extend(rest)
         out = NormalizedPrompt(out_msgs, ctools, tid, tokens, values)
-        return self._record(out, session_id)
+        return out
 
     def _undo_context(self, msgs: list[dict[str, Any]], lead: int) -> tuple[list[dict[str, Any]], int]:
         """Re-normalising our own output: put the values back so the result is unchanged."""
@@ -361,11 +356,6 @@ class Templater:
         else:
             self._extracted.move_to_end(key)
         return hit[0], dict(hit[1])
-
-    def _record(self, prompt: NormalizedPrompt, session_id: str | None) -> NormalizedPrompt:
-        if self.registry is not None:
-            self.registry.record(self.tenant, prompt, session_id)
-        return prompt
 
 
 def _leading_stable(msgs: Sequence[Mapping[str, Any]]) -> int:

@@ -220,9 +220,10 @@ def test_registry():
     store = DictStore()
     clock = iter(range(100, 200))
     reg = TemplateRegistry(store, clock=lambda: float(next(clock)), flush_delay=60)
-    t = Templater("templatize", tenant="acme", registry=reg)
-    for s in ("s1", "s1", "s2"):
+    t = Templater("templatize", tenant="acme")
+    for s in ("s1", "s1", "s2"):  # as the front doors do: normalise, then record the served prompt
         p = t.normalize(_sys("2026-12-02", "r", f"{s}@b.com", "1764684000"), session_id=s)
+        reg.record("acme", p, s)
     # normalising did no I/O: the records wait for the background flush
     assert store.writes == 0 and reg.pending() == 2
     reg.flush()
@@ -231,7 +232,7 @@ def test_registry():
     assert store.writes == 2  # repeated calls of a session do not write again
     assert reg.text("acme", p.template_id) is None and reg.info("other", p.template_id) is None
     reg2 = TemplateRegistry(DictStore(), store_text=True)
-    Templater("canonical", registry=reg2).normalize(_sys("d", "r", "e", "t"))
+    reg2.record("default", Templater("canonical").normalize(_sys("d", "r", "e", "t")))
     assert reg2.text("default", Templater("canonical").normalize(_sys("d", "r", "e", "t")).template_id)
     reg.close()
     reg2.close()
@@ -251,8 +252,10 @@ class DownStore(DictStore):
 def test_registry_keeps_records_queued_while_the_store_is_down_and_writes_them_after():
     store = DownStore()
     reg = TemplateRegistry(store, flush_delay=60, max_pending=3)
-    t = Templater("templatize", registry=reg)
+    t = Templater("templatize")
     prompts = [t.normalize(_sys("2026-12-02", "r", "e", "t"), session_id=f"s{i}") for i in range(5)]
+    for i, p in enumerate(prompts):
+        reg.record("default", p, f"s{i}")
     reg.flush()  # fails quietly: bookkeeping never fails a call
     assert reg.pending() == 3  # bounded: the two oldest were dropped
     store.up = True
@@ -267,5 +270,6 @@ def test_registry_over_the_memory_store_writes_at_once():
 
     store = MemoryStore()
     reg = TemplateRegistry(store)
-    p = Templater("canonical", registry=reg).normalize(_sys("d", "r", "e", "t"), session_id="s1")
+    p = Templater("canonical").normalize(_sys("d", "r", "e", "t"), session_id="s1")
+    reg.record("default", p, "s1")
     assert reg.pending() == 0 and store.template_info("default", p.template_id)["sessions"] == 1
