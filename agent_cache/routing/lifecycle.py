@@ -6,8 +6,10 @@ no worker is healthy), when to give up (the attempt budget, an error that is
 not retryable, output that already reached the caller), how long to back
 off, and that every attempt is settled (its in-flight count released, usage
 or failure fed back) before the next one starts. :class:`CallLifecycle`
-runs the flow against a :class:`~agent_cache.routing.router.Router`, with
-the caller's sender doing the one thing that talks to the worker.
+runs the flow against :class:`Routes` (what it needs of a router, which
+:class:`~agent_cache.routing.router.Router` is: this module does not import
+the router), with the caller's sender doing the one thing that talks to the
+worker.
 
 Every path that calls workers drives it: ``ChatSGLang``'s sync, async and
 streaming calls, and ``Router.execute`` / ``Router.aexecute``.
@@ -19,16 +21,12 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass
-from typing import (
-    TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Generator, Iterator, Sequence, TypeVar,
-    Union,
-)
+from typing import Any, AsyncGenerator, Awaitable, Callable, Generator, Iterator, Protocol, Sequence, TypeVar, Union
 
 from agent_cache.backends.protocol import Usage
 from agent_cache.errors import BackendError, NoHealthyWorkerError
-
-if TYPE_CHECKING:
-    from agent_cache.routing.router import Placement, RouteRequest, Router
+from agent_cache.routing.config import WorkerConfig
+from agent_cache.routing.types import Placement, RouteRequest
 
 T = TypeVar("T")
 Y = TypeVar("Y")
@@ -52,14 +50,14 @@ class Choose:
 class Send:
     """Run the attempt on ``placement.worker``; the runner answers with the filled-in :class:`Attempt`."""
 
-    placement: "Placement"
+    placement: Placement
 
 
 @dataclass(frozen=True)
 class Settle:
     """The attempt ended: release its in-flight count, then feed back its usage or its failure."""
 
-    placement: "Placement"
+    placement: Placement
     error: BaseException | None
     usage: Usage | None
 
@@ -76,7 +74,7 @@ Step = Union[Choose, Send, Settle, Backoff]
 class Attempt:
     """One try on one worker, as the sender fills it in."""
 
-    placement: "Placement"
+    placement: Placement
     value: Any = None
     usage: Usage | None = None
     error: BaseException | None = None
@@ -101,7 +99,7 @@ def backoff_seconds(base: float, attempt: int, rng: random.Random = _JITTER) -> 
 
 
 def call_flow(workers: Sequence[str], *, max_attempts: int, backoff: float = 0.0,
-              last_resort: bool = False) -> Generator[Step, Any, tuple[Any, "Placement"]]:
+              last_resort: bool = False) -> Generator[Step, Any, tuple[Any, Placement]]:
     """The decisions of one call; returns ``(value, placement)`` of the attempt that succeeded.
 
     ``max_attempts``: tries in all; ``backoff``: seconds before the second
@@ -130,6 +128,24 @@ def call_flow(workers: Sequence[str], *, max_attempts: int, backoff: float = 0.0
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
+class Routes(Protocol):
+    """What a call's lifecycle needs of a router (:class:`~agent_cache.routing.router.Router` is one)."""
+
+    @property
+    def workers(self) -> Sequence[WorkerConfig]: ...
+
+    def route(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = ...) -> Placement: ...
+
+    async def aroute(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = ...) -> Placement: ...
+
+    def last_resort(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = ...) -> Placement: ...
+
+    def settle(self, placement: Placement, error: BaseException | None = ..., usage: Usage | None = ...) -> None: ...
+
+    async def asettle(self, placement: Placement, error: BaseException | None = ...,
+                      usage: Usage | None = ...) -> None: ...
+
+
 # --- the runners ------------------------------------------------------------------------
 
 
@@ -142,15 +158,15 @@ class CallLifecycle:
     After a run, ``result`` holds ``(value, placement)``.
     """
 
-    def __init__(self, router: "Router", request: "RouteRequest", *, max_attempts: int, backoff: float = 0.0,
+    def __init__(self, router: Routes, request: RouteRequest, *, max_attempts: int, backoff: float = 0.0,
                  last_resort: bool = False) -> None:
         self.router = router
         self.request = request
         self.flow = call_flow([w.url for w in router.workers], max_attempts=max_attempts, backoff=backoff,
                               last_resort=last_resort)
-        self.result: tuple[Any, "Placement"] | None = None
+        self.result: tuple[Any, Placement] | None = None
 
-    def _choose(self, step: Choose) -> "Placement":
+    def _choose(self, step: Choose) -> Placement:
         try:
             return self.router.route(self.request, exclude=step.exclude)
         except NoHealthyWorkerError:
@@ -158,7 +174,7 @@ class CallLifecycle:
                 raise
             return self.router.last_resort(self.request, exclude=step.exclude)
 
-    async def _achoose(self, step: Choose) -> "Placement":
+    async def _achoose(self, step: Choose) -> Placement:
         try:
             return await self.router.aroute(self.request, exclude=step.exclude)
         except NoHealthyWorkerError:
@@ -221,7 +237,7 @@ class CallLifecycle:
             else:
                 await asyncio.sleep(step.seconds)
 
-    def run(self, call: Callable[["Placement"], tuple[T, Usage | None]]) -> tuple[T, "Placement"]:
+    def run(self, call: Callable[[Placement], tuple[T, Usage | None]]) -> tuple[T, Placement]:
         """A call without streamed output: ``call(placement)`` returns ``(value, usage)``."""
 
         def sender(attempt: Attempt) -> Iterator[None]:
@@ -233,7 +249,7 @@ class CallLifecycle:
         assert self.result is not None
         return self.result
 
-    async def arun(self, call: Callable[["Placement"], Awaitable[tuple[T, Usage | None]]]) -> tuple[T, "Placement"]:
+    async def arun(self, call: Callable[[Placement], Awaitable[tuple[T, Usage | None]]]) -> tuple[T, Placement]:
         """Async :meth:`run`."""
 
         async def sender(attempt: Attempt) -> AsyncGenerator[None, None]:

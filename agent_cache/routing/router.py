@@ -3,23 +3,22 @@
 Decisions happen in the store (one atomic round trip, so every process
 agrees); the router supplies the pool's workers with their health state and
 capacity, and handles what the store cannot: health, retries on another
-worker, and rendezvous-hash routing while the store is down.
+worker, and rendezvous-hash routing while the store is down. What it owes
+the store is written late by its :class:`~agent_cache.routing.outbox.Outbox`;
+its workers are probed by a :class:`~agent_cache.routing.prober.Prober`.
+Each operation that talks to the store is written once as a flow of store
+commands (:mod:`agent_cache.routing.store_ops`), run by the sync and the
+async face.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import time
-import weakref
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
-from agent_cache.background import Flusher
 from agent_cache.backends.protocol import Usage
-from agent_cache.backends.sglang import SGLangClient
 from agent_cache.errors import (
     BackendError,
     ConfigError,
@@ -28,7 +27,6 @@ from agent_cache.errors import (
     StoreError,
     StoreUnavailableError,
     WorkerConnectionError,
-    WorkerTimeoutError,
 )
 from agent_cache.routing.config import (
     DEFAULT_POOL,
@@ -46,15 +44,16 @@ from agent_cache.routing.first_byte import DEFAULT_FACTOR, DEFAULT_FLOOR, FirstB
 from agent_cache.routing.health import HealthTracker
 from agent_cache.routing.lifecycle import CallLifecycle
 from agent_cache.routing.metrics import RouterMetrics
+from agent_cache.routing.outbox import Outbox
+from agent_cache.routing.prober import Prober
 from agent_cache.routing.recent import RecentWorkers
+from agent_cache.routing.store_ops import Flow, StoreOp, arun, run
+from agent_cache.routing.types import STORELESS, Placement, RouteRequest
 from agent_cache.placement.rule import DOWN, DRAINING, UP, Policy
-from agent_cache.routing.releases import PendingReleases
 from agent_cache.store.base import (
     DEFAULT_PREFIX,
     DEFAULT_SESSION_TTL,
-    Lease,
     MetadataStore,
-    Releases,
     RouteQuery,
     UsageReport,
     WorkerSpec,
@@ -73,29 +72,8 @@ DEFAULT_RELEASE_DELAY = 0.01
 # long after its last write. Routers renew every lease / 3 while calls run.
 DEFAULT_LEASE = 30.0
 
-
-# outcomes decided without the store: nothing to release or report there
-_STORELESS = ("degraded", "last_resort")
-
-
-@dataclass(frozen=True)
-class RouteRequest:
-    session_id: str
-    template_id: str | None = None
-    tenant: str = "default"
-    pool: str | None = None
-    prompt_tokens_estimate: int = 0
-
-
-@dataclass(frozen=True)
-class Placement:
-    worker: str
-    outcome: str  # pinned | placed_template | placed_least_load | moved:<reason> | degraded
-    epoch: int
-    session_id: str = ""
-    tenant: str = "default"
-    template_id: str | None = None
-    pool: str = DEFAULT_POOL
+__all__ = ["DEFAULT_CAPACITY", "DEFAULT_LEASE", "DEFAULT_PROBE_TIMEOUT", "DEFAULT_RELEASE_DELAY", "Placement",
+           "RouteRequest", "Router"]
 
 
 class Router:
@@ -165,17 +143,6 @@ class Router:
         self._specs_memo: dict[tuple[Any, ...], tuple[WorkerSpec, ...]] = {}
         self._config_version = 0
         self._config_lock = threading.Lock()
-        # in-flight counts placed through the store but not yet released there:
-        # deferred to the next store write, or owed while the store is unreachable
-        self._pending = PendingReleases()
-        # usage reports queued for the next store write, like the releases
-        self._reports: list[UsageReport] = []
-        self._reports_lock = threading.Lock()
-        remote = getattr(self.store, "round_trip", True)  # the memory store releases for free
-        self._flusher = Flusher(release_delay, self.flush, "agent-cache-release") if remote and release_delay > 0 else None
-        self.lease = lease
-        # a router with calls in flight renews its lease in the background (see renew)
-        self._renewer = Flusher(lease / 3, self._renew_loop, "agent-cache-lease") if remote else None
         self._lock = threading.Lock()
         self.health = HealthTracker(failure_threshold, cooldown)
         # a streamed call's wait for a worker's next bytes, from its recent times to first token
@@ -185,15 +152,12 @@ class Router:
         self.recent = RecentWorkers()
         self.metrics = RouterMetrics(registry)
         self._clock = clock
-        self._probe_interval = probe_interval
-        self._probe_timeout = probe_timeout
-        self._stop = threading.Event()
-        self._probe_thread: threading.Thread | None = None
-        self._clients: dict[str, SGLangClient] = {}
+        self.lease = lease
+        self.outbox = Outbox(self.store, self.availability, self._store_failed, clock, release_delay, lease)
+        self.prober = Prober(lambda: self._workers, self.health, self.metrics, self._capacity, self._config_changed,
+                             self._refresh_gauges, probe_timeout)
         if probe_interval is not None:
-            self._probe_thread = threading.Thread(target=self._probe_loop, args=(weakref.ref(self), probe_interval,
-                                                  self._stop), name="agent-cache-probe", daemon=True)
-            self._probe_thread.start()
+            self.prober.start(probe_interval)
 
     # --- configuration --------------------------------------------------------------
 
@@ -295,50 +259,36 @@ class Router:
         self.metrics.child(self.metrics.inflight, worker).inc()
         return Placement(worker, outcome, epoch, query.session_id, request.tenant, request.template_id, query.pool)
 
-    def _from_result(self, request: RouteRequest, query: RouteQuery, result: Any) -> Placement:
-        if result.worker is None:
-            raise NoHealthyWorkerError(f"no healthy worker in pool {query.pool!r}")
-        self._pending.hold(result.worker)
-        if self._renewer is not None:
-            self._renewer.kick()
-        return self._placed(request, query, result.worker, result.outcome, result.epoch)
-
-    def _lease(self) -> Lease:
-        return Lease(self._pending.current_source(), self.lease)
-
     def renew(self) -> None:
-        """Tell the store what this router really has in flight and renew its lease (one round trip).
+        """Tell the store what this router really has in flight and renew its lease (one round trip);
+        every ``lease / 3`` s in the background while calls are in flight (see :class:`Outbox`)."""
+        self.outbox.renew()
 
-        Runs every ``lease / 3`` seconds in the background while calls are in
-        flight; it also corrects a count whose route reply was lost (a timeout
-        during a store freeze).
-        """
-        self._write(lambda releases: self.store.renew(self._lease(), self._pending.held(), self._clock(), releases))
-
-    def _renew_loop(self) -> None:
-        self.renew()
-        if self._pending.held() and self._renewer is not None:
-            self._renewer.kick()  # calls still in flight: renew again in lease / 3
-
-    def route(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = frozenset()) -> Placement:
-        """Pick the worker for one call and count it in flight; pair with :meth:`done`."""
+    def _route(self, request: RouteRequest, exclude: set[str] | frozenset[str]) -> Flow[Placement]:
         query = self._query(request, set(exclude))
         if self.availability.should_try():
-            releases = self._pending.take()
+            releases = self.outbox.pending.take()
             t0 = time.perf_counter()
-            reports = self._take_reports()
+            reports = self.outbox.take_reports()
             try:
-                result = self.store.route(query, self.policy, self._clock(), releases, self._lease(), reports)
+                result = yield StoreOp("route", (query, self.policy, self._clock(), releases,
+                                                 self.outbox.lease_record(), reports))
             except StoreUnavailableError as exc:
-                self.availability.failed(exc)
-                self.metrics.degraded.set(1)
+                self._store_failed(exc)
             else:
-                self._pending.acknowledge(releases)
+                self.outbox.pending.acknowledge(releases)
                 self.metrics.child(self.metrics.store_latency, "route").observe(time.perf_counter() - t0)
                 self.availability.succeeded()
                 self.metrics.degraded.set(0)
-                return self._from_result(request, query, result)
+                if result.worker is None:
+                    raise NoHealthyWorkerError(f"no healthy worker in pool {query.pool!r}")
+                self.outbox.routed(result.worker)
+                return self._placed(request, query, result.worker, result.outcome, result.epoch)
         return self._degraded(request, query)
+
+    def route(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = frozenset()) -> Placement:
+        """Pick the worker for one call and count it in flight; pair with :meth:`done`."""
+        return run(self.store, self._route(request, exclude))
 
     def likely_worker(self, request: RouteRequest) -> str | None:
         """The worker that served this session's last call in this process, if it can take a call now
@@ -376,87 +326,33 @@ class Router:
         query = self._query(request, set(exclude))
         return self._placed(request, query, worker, "last_resort", 0)
 
+    def _done(self, placement: Placement) -> Flow[None]:
+        self.metrics.child(self.metrics.inflight, placement.worker).dec()
+        if placement.outcome not in STORELESS and self.outbox.release(placement.worker):
+            yield from self.outbox.flush_flow()
+
     def done(self, placement: Placement) -> None:
         """The call finished (either way): release its in-flight count (see ``release_delay``)."""
-        if self._release_later(placement):
-            self.flush()
-
-    def _release_later(self, placement: Placement) -> bool:
-        """Queue the release; True if the caller should write it now."""
-        self.metrics.child(self.metrics.inflight, placement.worker).dec()
-        if placement.outcome in _STORELESS:
-            return False
-        self._pending.add(placement.worker)
-        if self.availability.degraded:
-            return False  # paid with the first write once the store answers
-        if self._flusher is not None:
-            self._flusher.kick()
-            return False
-        return True
+        run(self.store, self._done(placement))
 
     def flush(self) -> None:
         """Write pending in-flight releases and queued usage reports to the store now (one round trip)."""
-        if self.availability.degraded:
-            return
-        reports = self._take_reports()
-
-        def write(releases: Releases) -> None:
-            if reports:
-                self.store.report_many(reports, self._clock(), releases)
-            elif releases is not None:
-                self.store.release_many(releases, self._clock())
-
-        self._write(write)
-
-    def _write(self, write: Callable[[Releases], object]) -> None:
-        """One store write carrying the releases this router owes; acknowledged once it succeeded."""
-        if self.availability.degraded:
-            return  # owed releases wait for the first write once the store answers
-        releases = self._pending.take()
-        try:
-            write(releases)
-        except (StoreError, ConfigError) as exc:  # a Redis refusing this client fails routes, not background writes
-            self._store_failed(exc)
-        else:
-            self._pending.acknowledge(releases)
-
-    async def _awrite(self, write: Callable[[Releases], Awaitable[object]]) -> None:
-        """Async :meth:`_write`."""
-        if self.availability.degraded:
-            return
-        releases = self._pending.take()
-        try:
-            await write(releases)
-        except (StoreError, ConfigError) as exc:
-            self._store_failed(exc)
-        else:
-            self._pending.acknowledge(releases)
+        run(self.store, self.outbox.flush_flow())
 
     def _usage(self, placement: Placement, prompt_tokens: int, cached_tokens: int) -> UsageReport | None:
         """Count a successful call's usage in the metrics; the report for the store, if it takes one."""
         tid = self.metrics.template_label(placement.template_id)
         self.metrics.child(self.metrics.prompt_tokens, tid, placement.worker).inc(prompt_tokens)
         self.metrics.child(self.metrics.cached_tokens, tid, placement.worker).inc(cached_tokens)
-        if placement.outcome in _STORELESS or self.availability.degraded:
+        if placement.outcome in STORELESS or self.availability.degraded:
             return None
         return UsageReport(placement.tenant, placement.session_id, placement.worker, placement.epoch,
                            placement.template_id, prompt_tokens, cached_tokens, self._clock())
 
-    def _queue_report(self, report: UsageReport) -> bool:
-        """Queue the report for this router's next store write; False if it must be written now."""
-        if self._flusher is None:
-            return False
-        with self._reports_lock:
-            self._reports.append(report)
-        self._flusher.kick()
-        return True
-
-    def _take_reports(self) -> list[UsageReport]:
-        # a failed write drops what it carried: reports are not idempotent, and only feed statistics
-        # and the next decisions (a lost one costs at most one stale eviction signal)
-        with self._reports_lock:
-            reports, self._reports = self._reports, []
-        return reports
+    def _report(self, placement: Placement, prompt_tokens: int, cached_tokens: int) -> Flow[None]:
+        report = self._usage(placement, prompt_tokens, cached_tokens)
+        if report is not None and not self.outbox.queue_report(report):
+            yield from self.outbox.write(lambda releases: StoreOp("report_many", ([report], self._clock(), releases)))
 
     def report(self, placement: Placement, *, prompt_tokens: int, cached_tokens: int) -> None:
         """Usage of a successful call: feeds hit statistics, the footprint and the move signals.
@@ -465,9 +361,7 @@ class Router:
         or the background flush within ``release_delay``), so a call costs one
         round trip.
         """
-        report = self._usage(placement, prompt_tokens, cached_tokens)
-        if report is not None and not self._queue_report(report):
-            self._write(lambda releases: self.store.report_many([report], self._clock(), releases))
+        run(self.store, self._report(placement, prompt_tokens, cached_tokens))
 
     def _store_failed(self, exc: StoreError | ConfigError) -> None:
         if isinstance(exc, StoreUnavailableError):
@@ -489,20 +383,23 @@ class Router:
         if self.health.success(placement.worker):
             self.metrics.healthy.labels(placement.worker).set(1)
 
-    def settle(self, placement: Placement, error: BaseException | None = None, usage: Usage | None = None) -> None:
-        """An attempt ended: release its in-flight count; then its usage and passive health on success;
-        on a worker error, passive health (if retryable) and, if this call placed the session, undo it."""
-        self.done(placement)
+    def _settle(self, placement: Placement, error: BaseException | None, usage: Usage | None) -> Flow[None]:
+        yield from self._done(placement)
         self._remember(placement, error)
         if error is None:
             self.succeeded(placement)
             if usage is not None:
-                self.report(placement, prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens or 0)
+                yield from self._report(placement, usage.prompt_tokens, usage.cached_tokens or 0)
         elif isinstance(error, BackendError):
             if error.retryable:
                 self.failed(placement, error)
             if self._undoable(placement):
-                self.abandon(placement)
+                yield from self._abandon(placement)
+
+    def settle(self, placement: Placement, error: BaseException | None = None, usage: Usage | None = None) -> None:
+        """An attempt ended: release its in-flight count; then its usage and passive health on success;
+        on a worker error, passive health (if retryable) and, if this call placed the session, undo it."""
+        run(self.store, self._settle(placement, error, usage))
 
     def _remember(self, placement: Placement, error: BaseException | None) -> None:
         if error is None:
@@ -513,88 +410,49 @@ class Router:
     @staticmethod
     def _undoable(placement: Placement) -> bool:
         """A placement made by this call (not a pin it followed), recorded in the store."""
-        return placement.outcome != "pinned" and placement.outcome not in _STORELESS
+        return placement.outcome != "pinned" and placement.outcome not in STORELESS
+
+    def _abandon(self, placement: Placement) -> Flow[None]:
+        yield from self.outbox.write(lambda releases: StoreOp("abandon", (
+            placement.tenant, placement.session_id, placement.worker, placement.epoch, placement.template_id,
+            self._clock(), releases)))
 
     def abandon(self, placement: Placement) -> None:
         """The worker did not serve the call that placed the session: undo the placement in the store
         (pin, KV estimate, template mark), so a failed call leaves no state behind."""
-        self._write(lambda releases: self.store.abandon(
-            placement.tenant, placement.session_id, placement.worker, placement.epoch, placement.template_id,
-            self._clock(), releases))
+        run(self.store, self._abandon(placement))
 
     def execute(self, request: RouteRequest, call: Callable[[str], T]) -> tuple[T, Placement]:
         """Run ``call(worker_url)`` on the session's worker; on a retryable BackendError move and retry
         (at most ``max_attempts`` tries, see :mod:`agent_cache.routing.lifecycle`)."""
         return CallLifecycle(self, request, max_attempts=self.max_attempts).run(lambda p: (call(p.worker), None))
 
-    # --- async face -----------------------------------------------------------------
+    # --- async face: the same flows, run with the store's async methods ---------------
 
     async def aroute(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = frozenset()) -> Placement:
-        query = self._query(request, set(exclude))
-        astore = self.store
-        if self.availability.should_try():
-            releases = self._pending.take()
-            t0 = time.perf_counter()
-            reports = self._take_reports()
-            try:
-                result = await astore.aroute(  # type: ignore[attr-defined]
-                    query, self.policy, self._clock(), releases, self._lease(), reports)
-            except StoreUnavailableError as exc:
-                self.availability.failed(exc)
-                self.metrics.degraded.set(1)
-            else:
-                self._pending.acknowledge(releases)
-                self.metrics.child(self.metrics.store_latency, "route").observe(time.perf_counter() - t0)
-                self.availability.succeeded()
-                self.metrics.degraded.set(0)
-                return self._from_result(request, query, result)
-        return self._degraded(request, query)
+        """Async :meth:`route`."""
+        return await arun(self.store, self._route(request, exclude))
 
     async def adone(self, placement: Placement) -> None:
-        if self._release_later(placement):
-            await self.aflush()
+        """Async :meth:`done`."""
+        await arun(self.store, self._done(placement))
 
     async def aflush(self) -> None:
         """Async :meth:`flush`."""
-        if self.availability.degraded:
-            return
-        reports = self._take_reports()
-
-        async def write(releases: Releases) -> None:
-            if reports:
-                await self.store.areport_many(reports, self._clock(), releases)  # type: ignore[attr-defined]
-            elif releases is not None:
-                await self.store.arelease_many(releases, self._clock())  # type: ignore[attr-defined]
-
-        await self._awrite(write)
+        await arun(self.store, self.outbox.flush_flow())
 
     async def areport(self, placement: Placement, *, prompt_tokens: int, cached_tokens: int) -> None:
         """Async :meth:`report`."""
-        report = self._usage(placement, prompt_tokens, cached_tokens)
-        if report is not None and not self._queue_report(report):
-            await self._awrite(
-                lambda releases: self.store.areport_many([report], self._clock(), releases))  # type: ignore[attr-defined]
+        await arun(self.store, self._report(placement, prompt_tokens, cached_tokens))
 
     async def asettle(self, placement: Placement, error: BaseException | None = None,
                       usage: Usage | None = None) -> None:
         """Async :meth:`settle`."""
-        await self.adone(placement)
-        self._remember(placement, error)
-        if error is None:
-            self.succeeded(placement)
-            if usage is not None:
-                await self.areport(placement, prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens or 0)
-        elif isinstance(error, BackendError):
-            if error.retryable:
-                self.failed(placement, error)
-            if self._undoable(placement):
-                await self.aabandon(placement)
+        await arun(self.store, self._settle(placement, error, usage))
 
     async def aabandon(self, placement: Placement) -> None:
         """Async :meth:`abandon`."""
-        await self._awrite(lambda releases: self.store.aabandon(  # type: ignore[attr-defined]
-            placement.tenant, placement.session_id, placement.worker, placement.epoch, placement.template_id,
-            self._clock(), releases))
+        await arun(self.store, self._abandon(placement))
 
     async def aexecute(self, request: RouteRequest, call: Callable[[str], Awaitable[T]]) -> tuple[T, Placement]:
         """Async :meth:`execute`: ``await call(worker_url)`` with the same failover."""
@@ -605,46 +463,9 @@ class Router:
 
     # --- health probes --------------------------------------------------------------
 
-    def _client(self, url: str) -> SGLangClient:
-        c = self._clients.get(url)
-        if c is None:
-            c = self._clients[url] = SGLangClient(url, timeout=self._probe_timeout)
-        return c
-
     def probe_once(self) -> None:
         """Probe every worker's ``/health`` now, in parallel (the background thread calls this)."""
-        workers = [w for w in list(self._workers)]
-        if not workers or self._stop.is_set():
-            return
-        with ThreadPoolExecutor(max_workers=min(16, len(workers)), thread_name_prefix="agent-cache-probe") as pool:
-            list(pool.map(self._probe_worker, workers))
-        self._refresh_gauges()
-
-    def _probe_worker(self, w: WorkerConfig) -> None:
-        if self._stop.is_set():
-            return
-        client = self._client(w.url)
-        try:
-            client.health(timeout=self._probe_timeout)
-        except BackendError as exc:
-            # a slow /health is SGLang under load, not a dead worker: soft
-            hard = not isinstance(exc, WorkerTimeoutError)
-            if self.health.failure(w.url, hard=hard):
-                logger.warning("worker %s failed its health probe: %s", w.url, exc)
-            self.metrics.healthy.labels(w.url).set(0)
-            return
-        if self.health.success(w.url):
-            logger.warning("worker %s healthy again", w.url)
-        self.metrics.healthy.labels(w.url).set(1)
-        if w.url not in self._capacity:
-            try:  # metadata is not health: a worker without the route is still up
-                cap = client.server_info().get("max_total_num_tokens")
-            except BackendError as exc:
-                logger.info("worker %s: no capacity from its server info (%s)", w.url, exc)
-                return
-            if isinstance(cap, int) and cap > 0:
-                self._capacity[w.url] = cap
-                self._config_changed()
+        self.prober.probe_once()
 
     def _refresh_gauges(self) -> None:
         if self.availability.degraded:
@@ -656,42 +477,16 @@ class Router:
         for url, w in stats["workers"].items():
             self.metrics.live_sessions.labels(url).set(w["sessions"])
 
-    @staticmethod
-    def _probe_loop(ref: "weakref.ref[Router]", interval: float, stop: threading.Event) -> None:
-        # holds the router only while probing: a router dropped without close() ends its thread
-        while not stop.is_set() and not sys.is_finalizing():
-            router = ref()
-            if router is None:
-                return
-            try:
-                router.probe_once()
-            except Exception as exc:  # never let the prober die silently
-                if sys.is_finalizing() or "interpreter shutdown" in str(exc):  # the process is exiting
-                    return
-                logger.exception("health probe loop error")
-            del router
-            stop.wait(interval)
-
     def close(self) -> None:
         """Stop the background threads, write pending releases, close the store and clients."""
-        self._stop.set()
-        if self._flusher is not None:
-            self._flusher.close()
-        self.flush()  # owed releases and queued reports
-        if self._renewer is not None:
-            self._renewer.close()
-            self.renew()  # ends this router's lease
-        if self._probe_thread is not None:
-            self._probe_thread.join(timeout=5)
-        for c in self._clients.values():
-            c.close()
-        self._clients.clear()
+        self.prober.stop()
+        self.outbox.close()  # owed releases and queued reports; ends this router's lease
+        self.prober.close()
         self.store.close()
 
     async def aclose(self) -> None:
         """Async :meth:`close`: also closes the store's asyncio client (call it in the loop that used it)."""
-        if self._flusher is not None:
-            self._flusher.close()
+        self.outbox.stop_flushing()
         await self.aflush()
         aclose = getattr(self.store, "aclose", None)
         if aclose is not None:

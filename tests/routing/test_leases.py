@@ -90,7 +90,7 @@ def test_a_live_router_keeps_its_counts_past_the_lease_and_renewal_corrects_a_lo
         p = router.route(RouteRequest("long-call"))  # in flight for longer than its lease
         # a route whose reply was lost: counted in the store, never known to the router
         raw.hincrby(f"{{{prefix}}}:inflight", slow_worker, 1)
-        raw.hincrby(f"{{{prefix}}}:lease:{router._pending.current_source()}", slow_worker, 1)
+        raw.hincrby(f"{{{prefix}}}:lease:{router.outbox.pending.current_source()}", slow_worker, 1)
         time.sleep(1.5)  # > 2 leases: only the background renewals keep the call counted
         with Router([slow_worker], redis_url=redis_server.url, prefix=prefix, probe_interval=None) as other:
             q = other.route(RouteRequest("other"))  # reclaims expired leases first
@@ -98,7 +98,7 @@ def test_a_live_router_keeps_its_counts_past_the_lease_and_renewal_corrects_a_lo
         # the renewal set the count to what the router has in flight: 1, not the lost reply's 2
         assert int(raw.hget(f"{{{prefix}}}:inflight", slow_worker)) == 1
         router.done(p)
-        source = router._pending.current_source()
+        source = router.outbox.pending.current_source()
         router.close()  # its last renewal ends its lease
         assert int(raw.hget(f"{{{prefix}}}:inflight", slow_worker)) == 0
         assert raw.zscore(f"{{{prefix}}}:leases", source) is None

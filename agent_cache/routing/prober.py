@@ -1,0 +1,117 @@
+"""Active health probes of a router's workers, and each worker's KV capacity from its server info."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
+
+from agent_cache.backends.sglang import SGLangClient
+from agent_cache.errors import BackendError, WorkerTimeoutError
+from agent_cache.routing.config import WorkerConfig
+from agent_cache.routing.degraded import logger
+from agent_cache.routing.health import HealthTracker
+from agent_cache.routing.metrics import RouterMetrics
+
+
+class Prober:
+    """Probes every worker's ``/health`` in parallel, every ``interval`` seconds in a background thread
+    once :meth:`start` ran.
+
+    A slow ``/health`` is SGLang under load: a timeout is a soft failure, a
+    refused connection or an error status a hard one. A worker that answers
+    and has no known capacity is asked for ``max_total_num_tokens``, which
+    goes into ``capacity``; ``capacity_found`` is then called. ``after_round``
+    runs after each round of probes.
+    """
+
+    def __init__(self, workers: Callable[[], Sequence[WorkerConfig]], health: HealthTracker, metrics: RouterMetrics,
+                 capacity: dict[str, int], capacity_found: Callable[[], None], after_round: Callable[[], None],
+                 timeout: float) -> None:
+        self._workers = workers
+        self.health = health
+        self.metrics = metrics
+        self.capacity = capacity
+        self._capacity_found = capacity_found
+        self._after_round = after_round
+        self.timeout = timeout
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._clients: dict[str, SGLangClient] = {}
+
+    def start(self, interval: float) -> None:
+        self._thread = threading.Thread(target=self._loop, args=(weakref.ref(self), interval, self._stop),
+                                        name="agent-cache-probe", daemon=True)
+        self._thread.start()
+
+    def _client(self, url: str) -> SGLangClient:
+        c = self._clients.get(url)
+        if c is None:
+            c = self._clients[url] = SGLangClient(url, timeout=self.timeout)
+        return c
+
+    def probe_once(self) -> None:
+        """Probe every worker now, in parallel."""
+        workers = list(self._workers())
+        if not workers or self._stop.is_set():
+            return
+        with ThreadPoolExecutor(max_workers=min(16, len(workers)), thread_name_prefix="agent-cache-probe") as pool:
+            list(pool.map(self._probe_worker, workers))
+        self._after_round()
+
+    def _probe_worker(self, w: WorkerConfig) -> None:
+        if self._stop.is_set():
+            return
+        client = self._client(w.url)
+        try:
+            client.health(timeout=self.timeout)
+        except BackendError as exc:
+            # a slow /health is SGLang under load, not a dead worker: soft
+            hard = not isinstance(exc, WorkerTimeoutError)
+            if self.health.failure(w.url, hard=hard):
+                logger.warning("worker %s failed its health probe: %s", w.url, exc)
+            self.metrics.healthy.labels(w.url).set(0)
+            return
+        if self.health.success(w.url):
+            logger.warning("worker %s healthy again", w.url)
+        self.metrics.healthy.labels(w.url).set(1)
+        if w.url not in self.capacity:
+            try:  # metadata is not health: a worker without the route is still up
+                cap = client.server_info().get("max_total_num_tokens")
+            except BackendError as exc:
+                logger.info("worker %s: no capacity from its server info (%s)", w.url, exc)
+                return
+            if isinstance(cap, int) and cap > 0:
+                self.capacity[w.url] = cap
+                self._capacity_found()
+
+    @staticmethod
+    def _loop(ref: "weakref.ref[Prober]", interval: float, stop: threading.Event) -> None:
+        # holds the prober only while probing: a router dropped without close() ends its thread
+        while not stop.is_set() and not sys.is_finalizing():
+            prober = ref()
+            if prober is None:
+                return
+            try:
+                prober.probe_once()
+            except Exception as exc:  # never let the prober die silently
+                if sys.is_finalizing() or "interpreter shutdown" in str(exc):  # the process is exiting
+                    return
+                logger.exception("health probe loop error")
+            del prober
+            stop.wait(interval)
+
+    def stop(self) -> None:
+        """Tell the thread to stop (a probe under way ends soon after)."""
+        self._stop.set()
+
+    def close(self) -> None:
+        """Stop the thread, wait for it, close the probe clients."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for c in self._clients.values():
+            c.close()
+        self._clients.clear()
