@@ -85,23 +85,36 @@ def test_counts_of_clients_killed_mid_call_are_reclaimed_after_the_lease(slow_wo
 def test_a_live_router_keeps_its_counts_past_the_lease_and_renewal_corrects_a_lost_reply(
         slow_worker, redis_server, prefix) -> None:
     raw = redis.Redis.from_url(redis_server.url)
-    router = Router([slow_worker], redis_url=redis_server.url, prefix=prefix, probe_interval=None, lease=0.6)
+    lease = 0.6
+    router = Router([slow_worker], redis_url=redis_server.url, prefix=prefix, probe_interval=None, lease=lease)
+    other = Router([slow_worker], redis_url=redis_server.url, prefix=prefix, probe_interval=None)
     try:
         p = router.route(RouteRequest("long-call"))  # in flight for longer than its lease
+        routed_at = time.time()
+        source = router.outbox.pending.current_source()
         # a route whose reply was lost: counted in the store, never known to the router
         raw.hincrby(f"{{{prefix}}}:inflight", slow_worker, 1)
-        raw.hincrby(f"{{{prefix}}}:lease:{router.outbox.pending.current_source()}", slow_worker, 1)
-        time.sleep(1.5)  # > 2 leases: only the background renewals keep the call counted
-        with Router([slow_worker], redis_url=redis_server.url, prefix=prefix, probe_interval=None) as other:
-            q = other.route(RouteRequest("other"))  # reclaims expired leases first
-            other.done(q)
+        raw.hincrby(f"{{{prefix}}}:lease:{source}", slow_worker, 1)
+
+        def renewed_past_two_leases() -> bool:
+            # only the background renewals keep the call counted this long; one of them has set the
+            # lease's count to what the router has in flight (1, not the lost reply's 2), and the
+            # lease's end (ms) is well ahead, so the next decision cannot find it expired
+            end = raw.zscore(f"{{{prefix}}}:leases", source)
+            return (time.time() > routed_at + 2 * lease and end is not None and end / 1000 > time.time() + lease / 2
+                    and int(raw.hget(f"{{{prefix}}}:lease:{source}", slow_worker) or 0) == 1)
+
+        _wait_for(renewed_past_two_leases, 30, "the background renewals never renewed the lease")
+        q = other.route(RouteRequest("other"))  # reclaims expired leases first
+        other.done(q)
+        other.close()  # writes its release
         # the renewal set the count to what the router has in flight: 1, not the lost reply's 2
         assert int(raw.hget(f"{{{prefix}}}:inflight", slow_worker)) == 1
         router.done(p)
-        source = router.outbox.pending.current_source()
         router.close()  # its last renewal ends its lease
         assert int(raw.hget(f"{{{prefix}}}:inflight", slow_worker)) == 0
         assert raw.zscore(f"{{{prefix}}}:leases", source) is None
     finally:
         router.close()
+        other.close()
         raw.close()

@@ -52,12 +52,33 @@ def test_bad_policy_values(field, value):
     assert e.value.field == f"policy.{field}"
 
 
-def test_sentinel_and_unix_urls_construct():
+@pytest.mark.parametrize("url, where", [
+    ("redis+sentinel://127.0.0.1:1,127.0.0.1:2/mymaster/0", "'mymaster'"),
+    ("unix:///tmp/agent-cache-no-such-redis.sock?db=1", "/tmp/agent-cache-no-such-redis.sock"),
+    ("rediss://user:secret@127.0.0.1:1/0", "127.0.0.1:1"),
+])
+def test_sentinel_unix_and_tls_urls_construct_and_connect_where_they_say(url, where):
+    from agent_cache.errors import StoreUnavailableError
     from agent_cache.store import RedisStore
 
-    RedisStore("redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster/0")
-    RedisStore("unix:///tmp/redis.sock?db=1")
-    RedisStore("rediss://user:secret@127.0.0.1:6380/0")
+    store = RedisStore(url)  # constructing connects nowhere: nothing listens at these addresses
+    try:
+        assert store.url == url
+        with pytest.raises(StoreUnavailableError) as e:
+            store.ping()
+        assert where in str(e.value) and "secret" not in str(e.value)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("url", ["redis+sentinel://127.0.0.1:26379", "redis+sentinel:///mymaster", "unix://",
+                                 "http://127.0.0.1:6379"])
+def test_malformed_redis_urls_are_refused_naming_the_field(url):
+    from agent_cache.store import RedisStore
+
+    with pytest.raises(ConfigError) as e:
+        RedisStore(url)
+    assert e.value.field == "redis_url"
 
 
 def test_unknown_pool_in_request():
