@@ -16,6 +16,7 @@ import openai
 import pytest
 import redis
 
+from agent_cache.backends.sglang import SGLangClient
 from agent_cache.bench.realfleet import AgentCacheGateways, Processes
 from agent_cache.sim import SimFleet
 
@@ -268,7 +269,8 @@ def test_health_models_and_metrics(procs, fleet):
 
 
 def test_a_worker_killed_mid_run_fails_no_agent_step(procs):
-    with SimFleet(3, time_scale=0.05) as fleet:
+    # real time: a step decodes for about 0.2 s, long enough to see it running on a worker and kill it there
+    with SimFleet(3, time_scale=1.0) as fleet:
         gw = _gateway(procs, fleet)
         client = openai.OpenAI(base_url=gw.urls[0] + "/v1", api_key="unused", max_retries=0, timeout=30)
         sessions = [f"k-{i}" for i in range(6)]
@@ -301,12 +303,18 @@ def test_a_worker_killed_mid_run_fails_no_agent_step(procs):
         threads = [threading.Thread(target=run, args=(s, 4)) for s in sessions]
         for t in threads:
             t.start()
-        time.sleep(0.3)  # calls are in flight: kill the first session's worker under them
-        fleet.stop_worker(fleet.urls.index(victim))
+        with SGLangClient(victim, timeout=5) as worker:
+            deadline = time.monotonic() + 30
+            while worker.metrics().get("sglang:num_running_reqs", 0) < 1:  # SGLang's own gauge
+                assert time.monotonic() < deadline and any(t.is_alive() for t in threads), \
+                    "no call was ever seen running on the victim"
+                time.sleep(0.005)
+        fleet.stop_worker(fleet.urls.index(victim))  # under the running call (force exit: its connection drops)
         killed.append(victim)
         for t in threads:
             t.join(60)
         assert failures == []
+        assert _labelled(gw.urls[0], "agent_cache_failovers_total").get(victim, 0) >= 1  # the cut call was retried on another worker
         after = {s: step(s, False) for s in sessions}
         assert victim not in after.values()
 
@@ -518,12 +526,17 @@ def test_a_hung_worker_is_left_after_its_first_byte_deadline(procs):
         hung.send_signal(signal.SIGCONT)
 
 
-def _early_sends(url: str) -> dict[str, float]:
+def _labelled(url: str, metric: str) -> dict[str, float]:
+    """A gateway counter with one label, by that label's value."""
     out = {}
     for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith("agent_cache_gateway_early_sends_total{"):
+        if line.startswith(metric + "{"):
             out[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
     return out
+
+
+def _early_sends(url: str) -> dict[str, float]:
+    return _labelled(url, "agent_cache_gateway_early_sends_total")
 
 
 def test_a_session_call_goes_out_before_the_route_and_follows_a_pin_another_replica_moved(procs, fleet):
