@@ -166,21 +166,27 @@ class CallLifecycle:
                               last_resort=last_resort)
         self.result: tuple[Any, Placement] | None = None
 
-    def _choose(self, step: Choose) -> Placement:
-        try:
-            return self.router.route(self.request, exclude=step.exclude)
-        except NoHealthyWorkerError:
-            if not step.last_resort:
-                raise
-            return self.router.last_resort(self.request, exclude=step.exclude)
+    # Choose answers the flow with (placement, None), or (None, the NoHealthyWorkerError to throw into it)
 
-    async def _achoose(self, step: Choose) -> Placement:
+    def _choose(self, step: Choose) -> tuple[Placement | None, BaseException | None]:
         try:
-            return await self.router.aroute(self.request, exclude=step.exclude)
-        except NoHealthyWorkerError:
-            if not step.last_resort:
-                raise
-            return self.router.last_resort(self.request, exclude=step.exclude)
+            return self.router.route(self.request, exclude=step.exclude), None
+        except NoHealthyWorkerError as exc:
+            return self._last_resort(step, exc)
+
+    async def _achoose(self, step: Choose) -> tuple[Placement | None, BaseException | None]:
+        try:
+            return await self.router.aroute(self.request, exclude=step.exclude), None
+        except NoHealthyWorkerError as exc:
+            return self._last_resort(step, exc)
+
+    def _last_resort(self, step: Choose, exc: NoHealthyWorkerError) -> tuple[Placement | None, BaseException | None]:
+        if not step.last_resort:
+            return None, exc
+        try:
+            return self.router.last_resort(self.request, exclude=step.exclude), None
+        except NoHealthyWorkerError as last:
+            return None, last
 
     def _next(self, reply: Any, error: BaseException | None) -> Step | None:
         try:
@@ -196,10 +202,7 @@ class CallLifecycle:
         while (step := self._next(reply, error)) is not None:
             reply, error = None, None
             if isinstance(step, Choose):
-                try:
-                    reply = self._choose(step)
-                except NoHealthyWorkerError as exc:
-                    error = exc
+                reply, error = self._choose(step)
             elif isinstance(step, Send):
                 reply = attempt = Attempt(step.placement)
                 try:
@@ -218,10 +221,7 @@ class CallLifecycle:
         while (step := self._next(reply, error)) is not None:
             reply, error = None, None
             if isinstance(step, Choose):
-                try:
-                    reply = await self._achoose(step)
-                except NoHealthyWorkerError as exc:
-                    error = exc
+                reply, error = await self._achoose(step)
             elif isinstance(step, Send):
                 reply = attempt = Attempt(step.placement)
                 items = sender(attempt)
