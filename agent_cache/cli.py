@@ -14,6 +14,7 @@ def _sim_worker(args: argparse.Namespace) -> int:
     import uvicorn
 
     from agent_cache.sim import WorkerOptions, create_app
+    from agent_cache.sim.latency_flags import latency_from_args
 
     options = WorkerOptions(
         served_model_name=args.served_model_name,
@@ -32,6 +33,7 @@ def _sim_worker(args: argparse.Namespace) -> int:
         sglang_version=args.sglang_version,
         time_scale=args.time_scale,
         startup_seconds=args.startup_seconds,
+        latency=latency_from_args(args),
     )
     print(f"simulated SGLang worker (not SGLang) on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     uvicorn.run(create_app(options), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
@@ -90,6 +92,7 @@ def _add_workers(p: argparse.ArgumentParser, what: str, otherwise: str = "") -> 
 
 
 def _add_sim_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from agent_cache.sim.latency_flags import add_latency_args
     from agent_cache.sim.scheduler import SCHEDULE_POLICIES
     from agent_cache.sim.versions import LATEST_VERSION, SUPPORTED_VERSIONS
 
@@ -118,6 +121,7 @@ def _add_sim_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--time-scale", type=_non_negative, default=1.0,
                    help="1 = the latency model in real time, 0 = instant (default 1)")
     p.add_argument("--startup-seconds", type=_non_negative, default=0.0, help="answer /health with 503 this long")
+    add_latency_args(p)
     p.add_argument("--log-level", default="warning")
     p.set_defaults(func=_sim_worker)
 

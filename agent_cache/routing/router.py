@@ -84,8 +84,9 @@ class Router:
     processes. ``probe_interval``: seconds between active ``/health`` probes
     in a background thread (``None``: no probes; breakers then reopen lazily
     after their cooldown and the next call is the trial). ``probe_timeout``:
-    SGLang's ``/health`` runs a one-token generation and waits at least 1 s
-    (up to 20 s under load), so the default is 5 s and a probe that times out
+    SGLang's ``/health`` waits at least 1 s (idle: a one-token generation;
+    busy: it answers after the next forward pass, about 1 s; it gives up after
+    20 s only when the scheduler is stuck), so the default is 5 s and a probe that times out
     counts as a soft failure: ``failure_threshold`` of them in a row open the
     breaker, while a refused connection or an error status opens it at once. ``release_delay``:
     with a store behind a network (Redis), a finished call's in-flight count

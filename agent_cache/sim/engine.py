@@ -23,6 +23,7 @@ from agent_cache.sim.scheduler import DONE, FIRST_TOKEN, Counters, SchedulerConf
 from agent_cache.sim.versions import LATEST_VERSION, SGLangVersion
 
 # sglang/srt/metrics/collector.py: the default TTFT histogram buckets
+HEALTH_CHECK_TIMEOUT = 20  # http_server.py: SGLANG_HEALTH_CHECK_TIMEOUT, seconds
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
 
 
@@ -119,6 +120,7 @@ class Engine:
         self.started_at = time.monotonic()
         self.created = int(time.time())
         self._vtime = 0.0  # the model's clock when time_scale is 0
+        self._last_output = 0.0  # time.monotonic() of the last forward pass's end (SGLang's last_receive_tstamp)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -211,6 +213,7 @@ class Engine:
                 self._vtime += it.seconds
                 await asyncio.sleep(0)  # let new requests arrive between passes
             events = self.model.finish_iteration(it, self.now())
+            self._last_output = time.monotonic()
             self._notify(it.batch or [req for req, _ in it.chunks])
             for req, kind in events:
                 waiter: _Waiter = req.tag  # type: ignore[assignment]
@@ -226,6 +229,33 @@ class Engine:
             if waiter.tokens is not None and req.generated > waiter.sent:
                 waiter.sent = min(req.generated, len(req.output)) if req.output else req.generated
                 waiter.tokens.put_nowait(waiter.sent)
+
+    async def health(self) -> bool:
+        """SGLang's ``/health`` once started: True when the scheduler answers within 20 s (scaled).
+
+        ``entrypoints/http_server.py`` ``health_generate`` sends a one-token
+        request, then every 1 s checks whether anything came back from the
+        scheduler since it asked. ``managers/scheduler.py``
+        ``process_input_requests`` drops that request while a batch runs and
+        answers after the next forward pass instead, so a busy worker
+        answers in about 1 s without queueing a generation; an idle one runs
+        the one-token generation. Instant at ``time_scale`` 0.
+        """
+        scale = self.options.time_scale
+        if scale <= 0:
+            return True
+        tic = time.monotonic()
+        probe = None if self.model.num_running else asyncio.ensure_future(
+            self.serve([0], [0], max_new_tokens=1))
+        try:
+            for _ in range(HEALTH_CHECK_TIMEOUT):
+                await asyncio.sleep(1.0 * scale)
+                if self._last_output > tic:
+                    return True
+            return False
+        finally:
+            if probe is not None:
+                probe.cancel()
 
     def flush(self) -> bool:
         """``/flush_cache``: SGLang refuses while requests run."""

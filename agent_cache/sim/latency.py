@@ -24,6 +24,10 @@ efficiencies are fitted to published SGLang measurements of Llama-3-8B on
 one H100 (``bench_one_batch`` decode steps at batch 1 and 128, prefill of
 32k tokens in one batch); ``python -m agent_cache.bench.calibration``
 prints the model next to each of them (also in docs/benchmarks.md).
+The constants are uncertain (see :data:`LATENCY_PROFILES`): ``fast`` and
+``slow`` profiles bound them, and ``--latency-profile``, ``--mfu``,
+``--bandwidth-efficiency`` and ``--per-pass-overhead-ms`` set them on the
+sim worker and the benchmark.
 Not captured: CUDA-graph batch buckets, tensor parallelism, speculative
 decoding, mixed prefill-decode batches (off by default in SGLang).
 """
@@ -114,3 +118,34 @@ class LatencyModel:
 
 
 DEFAULT_LATENCY = LatencyModel()
+
+# The constants are uncertain: they are fitted to a few published batched
+# figures, and no published single-request TTFT at 8k-32k tokens was found.
+# "fast" and "slow" bound what is plausible on one H100 until
+# ``python -m agent_cache.bench.calibrate_gpu`` has measured a GPU: "fast"
+# prefills a cold 8k prompt at ~42k tokens/s (the published 32 x 1k batch
+# rate), "slow" at ~24k tokens/s (a FLOP count at 45 % MFU, the low end of
+# what long single prompts reach with FlashAttention).
+LATENCY_PROFILES: dict[str, tuple[float, float, float]] = {
+    # name: (mfu, bandwidth_efficiency, overhead_s)
+    "fast": (0.80, 0.85, 0.0006),
+    "default": (GPUConfig.mfu, GPUConfig.bandwidth_efficiency, LatencyModel.overhead_s),
+    "slow": (0.45, 0.65, 0.002),
+}
+
+
+def latency_model(profile: str = "default", *, mfu: float | None = None, bandwidth_efficiency: float | None = None,
+                  per_pass_overhead_ms: float | None = None) -> LatencyModel:
+    """A named profile of :data:`LATENCY_PROFILES`, with any constant overridden."""
+    if profile not in LATENCY_PROFILES:
+        raise ValueError(f"latency profile must be one of {sorted(LATENCY_PROFILES)}, got {profile!r}")
+    p_mfu, p_bw, p_overhead = LATENCY_PROFILES[profile]
+    mfu = p_mfu if mfu is None else mfu
+    bw = p_bw if bandwidth_efficiency is None else bandwidth_efficiency
+    overhead = p_overhead if per_pass_overhead_ms is None else per_pass_overhead_ms / 1e3
+    for name, value in (("mfu", mfu), ("bandwidth_efficiency", bw)):
+        if not 0 < value <= 1:
+            raise ValueError(f"{name} must be in (0, 1], got {value}")
+    if overhead < 0:
+        raise ValueError(f"per_pass_overhead_ms must be >= 0, got {overhead * 1e3}")
+    return LatencyModel(gpu=GPUConfig(mfu=mfu, bandwidth_efficiency=bw), overhead_s=overhead)

@@ -16,7 +16,9 @@ What it copies from SGLang 0.5.x (``managers/scheduler.py``,
   decode step of the whole running batch; mixed batches are off (SGLang's
   default);
 * a prefill batch takes waiting requests in policy order (``fcfs``, or
-  ``lpm``: longest cached prefix first, FCFS when more than 128 wait) up to
+  ``lpm``: longest cached prefix first, FCFS when more than 128 wait; a
+  request that matches <= 32 cached tokens but shares >= 32 with one ahead
+  of it in the queue is held back, so a cold shared prefix is prefilled once) up to
   ``max_prefill_tokens`` new tokens; a prompt longer than the chunk budget
   (``chunked_prefill_size``) is prefilled in chunks over several passes;
 * admission by token budget (``PrefillAdder``): a request enters when its
@@ -26,8 +28,9 @@ What it copies from SGLang 0.5.x (``managers/scheduler.py``,
   once one does not fit, nothing is admitted until a running request ends;
 * KV: the prompt is inserted into the radix tree when prefilled and stays
   locked while the request runs; decode tokens take pool slots outside the
-  tree until the request ends; eviction frees exactly what an allocation
-  needs; when a decode step finds no room, requests are retracted to the
+  tree until the request ends; a pass allocates its whole batch at once and,
+  when free slots are short, evicts the whole allocation from the tree
+  (``mem_cache/common.py``), not just the shortfall; when a decode step finds no room, requests are retracted to the
   end of the waiting queue (fewest output tokens first), keep their output
   and are prefilled again later, and ``new_token_ratio`` is reset from what
   the batch really used;
@@ -47,6 +50,9 @@ from agent_cache.sim.radix import RadixCache, _Node
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 LPM_FCFS_FALLBACK = 128  # schedule_policy.py: LPM degrades to FCFS beyond this queue length
+# schedule_policy.py IN_BATCH_PREFIX_CACHING_{CHECK,DEPRIORITIZE}_THRESHOLD
+IN_BATCH_CHECK_THRESHOLD = 32
+IN_BATCH_DEPRIORITIZE_THRESHOLD = 32
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO x schedule_conservativeness 1.0
 MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
 NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
@@ -301,9 +307,22 @@ class WorkerModel:
     def _order_waiting(self) -> None:
         if self.config.schedule_policy != "lpm" or len(self.waiting) > LPM_FCFS_FALLBACK or self.config.disable_radix_cache:
             return
+        # schedule_policy._compute_prefix_matches: a request with (almost) nothing
+        # cached that shares a prefix with one ahead of it waits, so that prefix
+        # is computed once and then hit, not prefilled twice in one batch
+        lengths: dict[int, float] = {}
+        queued = RadixCache(1 << 60)
+        for r in self.waiting:
+            seq = r._sequence()[:-1]
+            cached = self.cache.match_prefix(seq, r.extra_key).length
+            lengths[id(r)] = -cached
+            if cached <= IN_BATCH_CHECK_THRESHOLD:
+                if queued.match_prefix(seq, r.extra_key).length >= IN_BATCH_DEPRIORITIZE_THRESHOLD:
+                    lengths[id(r)] = float("inf")
+                else:
+                    queued.insert(seq, r.extra_key)
         # longest cached prefix first (a stable sort keeps arrival order among equals)
-        lengths = {id(r): self.cache.match_prefix(r._sequence()[:-1], r.extra_key).length for r in self.waiting}
-        self.waiting = deque(sorted(self.waiting, key=lambda r: -lengths[id(r)]))
+        self.waiting = deque(sorted(self.waiting, key=lambda r: lengths[id(r)]))
 
     def _prefill_batch(self) -> Iteration | None:
         c = self.config
@@ -318,7 +337,6 @@ class WorkerModel:
             req = self.chunked
             left = len(req._sequence()) - req.computed
             n = min(left, rem_chunk)
-            self._allocate(req, n)
             chunks.append((req, n))
             rem_chunk -= n
             rem_input -= n
@@ -356,7 +374,6 @@ class WorkerModel:
                     self.counters.cached_tokens += cached
                     self.counters.last_cache_hit_rate = cached / max(1, len(req.prompt))
                 n = min(new, rem_chunk // c.page_size * c.page_size) if new > rem_chunk else new
-                self._allocate(req, n)
                 chunks.append((req, n))
                 rem_total -= new + req._reserve()
                 rem_input -= n
@@ -368,6 +385,7 @@ class WorkerModel:
         return self._prefill_pass(chunks) if chunks else None
 
     def _prefill_pass(self, chunks: list[tuple[SimRequest, int]]) -> Iteration:
+        self._allocate(chunks)
         seconds = self.config.latency.prefill_batch_seconds((n, req.computed) for req, n in chunks)
         return Iteration("prefill", seconds, chunks=chunks)
 
@@ -389,8 +407,7 @@ class WorkerModel:
             decoded = sum(r.generated for r in self.running)
             asked = sum(r._budget for r in self.running)
             self.new_token_ratio = min(1.0, (decoded + 20 * len(self.running)) / (asked + 1))
-        for req in self.running:
-            self._allocate(req, 1)
+        self._allocate([(req, 1) for req in self.running], prefill=False)
         kv = sum(r.computed + 1 for r in self.running)
         seconds = self.config.latency.decode_step_seconds(len(self.running), kv)
         return Iteration("decode", seconds, batch=list(self.running))
@@ -410,12 +427,22 @@ class WorkerModel:
 
     # --- KV bookkeeping ------------------------------------------------------
 
-    def _allocate(self, req: SimRequest, n: int) -> None:
-        short = n - self.cache.free_tokens
-        if short > 0:
-            self.cache.evict(short)
-        req._outside += n
-        self.cache.outside_tokens += n
+    def _allocate(self, chunks: list[tuple[SimRequest, int]], prefill: bool = True) -> None:
+        """One pass's KV slots, allocated for the whole batch at once.
+
+        ``mem_cache/common.py`` ``evict_from_tree_cache``: when fewer slots
+        are free than the batch needs, the tree evicts the batch's whole
+        need, not only the shortfall (paged: one extra page per request).
+        """
+        page = self.config.page_size
+        need = sum(n for _, n in chunks)
+        if page > 1:  # alloc_paged_token_slots_extend / _decode over-estimate a new page per request
+            need = len(chunks) * page + (need if prefill else 0)
+        if self.cache.free_tokens < need:
+            self.cache.evict(need)
+        for req, n in chunks:
+            req._outside += n
+            self.cache.outside_tokens += n
 
     def _cache_progress(self, req: SimRequest) -> None:
         """Move a prefilled chunk into the tree and hold it there (``cache_unfinished_req``)."""

@@ -418,25 +418,10 @@ class SimServer:
     # --- server state ---------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        """SGLang's ``/health``: 503 while starting, else a one-token generation.
-
-        SGLang sends ``input_ids=[0]`` with ``max_new_tokens=1`` through the
-        scheduler, sleeps 1 s before its first check and gives up after 20 s
-        (``HEALTH_CHECK_TIMEOUT``). Modelled in scaled time; instant at
-        ``time_scale`` 0.
-        """
+        """SGLang's ``/health``: 503 while starting, then as :meth:`Engine.health` finds the scheduler."""
         if not self.engine.ready:
             return Response(status_code=503)
-        scale = self.options.time_scale
-        if scale <= 0:
-            return Response(status_code=200)
-        probe = asyncio.ensure_future(self.engine.serve([0], [0], max_new_tokens=1))
-        await asyncio.sleep(1.0 * scale)
-        try:
-            await asyncio.wait_for(probe, timeout=max(0.0, 19.0 * scale))
-        except asyncio.TimeoutError:
-            return Response(status_code=503)
-        return Response(status_code=200)
+        return Response(status_code=200 if await self.engine.health() else 503)
 
     async def models(self, request: Request) -> Response:
         o = self.options
