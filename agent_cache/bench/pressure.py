@@ -3,7 +3,7 @@
 For each workload (generated ReAct, Reflexion and coding sessions; with
 ``--trace``, the trace as well) the fleet's KV capacity is set to a multiple
 of the workload's live working set (x1.0, x1.5, x3: measured on the oracle
-run, see :func:`agent_cache.bench.runner.working_set`). Then, at the capacity
+run, see :func:`agent_cache.bench.experiment.working_set`). Then, at the capacity
 of x1.5 of the base load's working set (a fixed fleet), each policy's
 throughput at the SLO is searched: the offered load doubles from a quarter
 of the workload's base rate until the policy's p99 TTFT passes the SLO (at
@@ -22,10 +22,13 @@ import time
 from typing import Any, Callable
 
 from agent_cache.bench import report
+from agent_cache.bench.experiment import Preset, working_set
+from agent_cache.bench.experiment import workload as build_workload
 from agent_cache.bench.fleetsim import FleetConfig, RunResult, simulate
 from agent_cache.bench.policies import make_policies
 from agent_cache.bench.workloads import SessionSpec
 from agent_cache.placement.rule import Policy
+from agent_cache.sim.latency_flags import latency_from_args
 
 POLICIES = ("least-load", "consistent-hash", "agent-cache", "oracle")
 MULTIPLES = (1.0, 1.5, 3.0)
@@ -80,11 +83,10 @@ def run(args: argparse.Namespace, workers: int, log: Callable[[str], None],
 
     ``workloads``: generated workload kind -> (sessions, base rate in sessions/s).
     """
-    from agent_cache.bench.runner import Preset, _workload, working_set
-
     t0 = time.perf_counter()
     names = tuple(n.strip() for n in args.policies.split(",")) if args.policies else POLICIES
-    base = FleetConfig(workers=workers, page_size=args.page_size, replicas=args.replicas)
+    base = FleetConfig(workers=workers, page_size=args.page_size, replicas=args.replicas,
+                       latency=latency_from_args(args))
     kinds: list[tuple[str, str | None, int, float]] = [(k, None, n, r) for k, (n, r) in workloads.items()]
     if args.trace:
         kinds.append(("trace", args.trace, args.sessions or TRACE_SESSIONS, args.rate or TRACE_RATE))
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace, workers: int, log: Callable[[str], None],
         ns = argparse.Namespace(**{**vars(args), "trace": trace})
 
         def build(r: float) -> list[SessionSpec]:
-            return _workload(ns, preset, n, r, kind=kind)  # kind is ignored for the trace
+            return build_workload(ns, preset, n, r, kind=kind)  # kind is ignored for the trace
 
         sessions = build(rate)
         ws = working_set(sessions, base, args.seed)

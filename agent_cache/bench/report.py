@@ -7,6 +7,7 @@ import os
 import tempfile
 from typing import Any, Mapping, Sequence
 
+from agent_cache.bench import bands
 from agent_cache.bench.fleetsim import RunResult
 from agent_cache.sim.latency import ModelConfig
 
@@ -133,6 +134,8 @@ def results_markdown(doc: Mapping[str, Any]) -> str:
             value = doc["policies"][name].get("throughput_at_slo_sessions_per_s")
             lines.append(f"| {name} | {'none' if value is None else f'{value:.3f}'} |")
         lines.append("")
+    if doc.get("band_runs"):
+        lines += [bands.markdown(doc["policies"], doc["band_runs"])]
     return "\n".join(lines)
 
 

@@ -23,42 +23,38 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-from agent_cache.bench import report
-from agent_cache.bench.fleetsim import FleetConfig, RunResult, simulate, stderr_progress
-from agent_cache.bench.policies import POLICIES, make_policies
+from agent_cache.bench import bands, pressure, report
+from agent_cache.bench.experiment import (
+    ALL_POLICIES,
+    Preset,
+    at_slo,
+    hit_rate,
+    resolve_capacity,
+    run_all,
+    throughput,
+    workload,
+)
+from agent_cache.bench.fleetsim import FleetConfig
+from agent_cache.bench.policies import POLICIES
 from agent_cache.bench.realload import REAL_POLICIES
-from agent_cache.bench.workloads import KINDS, SessionSpec, WorkloadParams, generate, load_trace
+from agent_cache.bench.workloads import KINDS
 from agent_cache.errors import AgentCacheError, ConfigError
 from agent_cache.placement.rule import Policy
 from agent_cache.routing.config import check_policy
+from agent_cache.sim.latency import LatencyModel
+from agent_cache.sim.latency_flags import add_latency_args, latency_from_args
 
-ALL_POLICIES = tuple(POLICIES)
+__all__ = ["ALL_POLICIES", "Preset", "PRESETS", "build_parser", "capacity_arg", "main_bench", "placement_arg",
+           "resolve_capacity", "run"]
 _SWEEP_POLICIES = ("round-robin", "least-load", "consistent-hash", "agent-cache", "agent-cache-no-templates",
                    "oracle", "no-cache")
-
-
-@dataclass(frozen=True)
-class Preset:
-    workers: int
-    sessions: int
-    rate: float
-    policies: tuple[str, ...] = ALL_POLICIES
-    kind: str = "react"
-    capacity_tokens: int = 400_000
-    capacity_sweep: tuple[int, ...] = ()
-    workers_sweep: tuple[int, ...] = ()
-    replicas_sweep: tuple[int, ...] = ()
-    load_sweep: tuple[float, ...] = ()
-    sweep_sessions: int = 0
 
 
 PRESETS = {
@@ -126,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo-ttft-p99", type=float, default=DEFAULT_SLO_TTFT_P99, metavar="SECONDS",
                    help="sim engine: the p99 TTFT bound of 'throughput at the SLO', read off the offered-load sweep "
                         f"(default {DEFAULT_SLO_TTFT_P99:g} s)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="sim engine: also run every policy over seeds --seed+1 .. --seed+N-1; results.json gets "
+                        "per policy bands [min, median, max] of hit rate, p99 TTFT and throughput at the SLO")
+    p.add_argument("--latency-band", action="store_true",
+                   help="sim engine: also run every policy at the fast and slow latency profiles (the low and "
+                        "high plausible constants) and report bands over all runs")
+    add_latency_args(p)
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
@@ -137,13 +140,16 @@ def _positive(name: str, value: float | None) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for flag in ("workers", "replicas", "sessions", "rate", "page_size", "slo_ttft_p99", "speedup"):
+    for flag in ("workers", "replicas", "sessions", "rate", "page_size", "slo_ttft_p99", "speedup", "seeds"):
         _positive("--" + flag.replace("_", "-"), getattr(args, flag))
     if args.trace and not os.path.isfile(args.trace):
         raise ConfigError("--trace", f"no such file: {args.trace}")
     if args.engine == "real":
-        if args.placement is not None:
-            raise ConfigError("--placement", "applies only to --engine sim")
+        for flag, value in (("--placement", args.placement is not None), ("--seeds", args.seeds != 1),
+                            ("--latency-band", args.latency_band),
+                            ("--latency-profile", latency_from_args(args) != LatencyModel())):
+            if value:
+                raise ConfigError(flag, "applies only to --engine sim")
         from agent_cache.bench import realengine
 
         realengine.check(args)
@@ -193,56 +199,6 @@ def placement_arg(text: str) -> Policy:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _workload(args: argparse.Namespace, preset: Preset, sessions: int, rate: float | None,
-              kind: str | None = None) -> list[SessionSpec]:
-    if args.trace:
-        return load_trace(args.trace, sessions=sessions, rate=rate, speedup=args.speedup,
-                          arrivals=args.arrivals, seed=args.seed)
-    return generate(WorkloadParams(kind=kind or args.workload or preset.kind, sessions=sessions,
-                                   rate=rate or preset.rate, arrivals=args.arrivals, seed=args.seed))
-
-
-def working_set(sessions: list[SessionSpec], cfg: FleetConfig, seed: int) -> int:
-    """The workload's live working set in tokens, as the oracle run measures it (timing as on a real fleet)."""
-    return simulate(sessions, make_policies(["oracle"], cfg.workers, 1, seed)[0], cfg).working_set_tokens
-
-
-def resolve_capacity(capacity: int | float | None, default: int, sessions: list[SessionSpec], cfg: FleetConfig,
-                     seed: int) -> tuple[int, int | None]:
-    """Per-worker KV tokens for ``--capacity-tokens`` (a multiple is of the working set); and the working set."""
-    if capacity is None or isinstance(capacity, int):
-        return capacity or default, None
-    ws = working_set(sessions, cfg, seed)
-    return max(1, math.ceil(capacity * ws / cfg.workers)), ws
-
-
-def _run_all(sessions: list[SessionSpec], names: Sequence[str], cfg: FleetConfig, seed: int,
-             log: Callable[[str], None], label: str = "", progress: bool = True,
-             redis_url: str | None = None, placement: Policy | None = None) -> list[RunResult]:
-    out = []
-    for pol in make_policies(names, cfg.workers, cfg.replicas, seed, capacity=cfg.capacity_tokens, redis_url=redis_url,
-                             placement=placement):
-        tag = f"{label}{pol.name}"
-        res = simulate(sessions, pol, cfg, stderr_progress(tag) if progress else None)
-        log(f"{tag}: {res.sessions_done}/{res.sessions} sessions, {res.calls} calls, {res.wall_s:.1f} s")
-        out.append(res)
-    return out
-
-
-def _hit(res: RunResult) -> float:
-    return res.cached_tokens / res.prompt_tokens if res.prompt_tokens else 0.0
-
-
-def _throughput(res: RunResult) -> float:
-    return res.sessions_done / max(res.last_done - res.first_arrival, 1e-9)
-
-
-def _at_slo(throughputs: list[float], p99s: list[float], slo: float) -> float | None:
-    """The highest throughput of the load sweep whose p99 TTFT met the SLO (None: no load point met it)."""
-    met = [t for t, p in zip(throughputs, p99s) if p <= slo]
-    return max(met) if met else None
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the comparison (and sweeps) of ``args``; write the results; return results.json's content."""
     preset = PRESETS[args.preset]
@@ -254,19 +210,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     workers = args.workers or preset.workers
     n_sessions = args.sessions or (100 if args.trace else preset.sessions)
     rate = args.rate if args.trace else (args.rate or preset.rate)
-    cfg = FleetConfig(workers=workers, page_size=args.page_size, replicas=args.replicas)
-    log: Callable[[str], None] = (lambda m: None) if args.quiet else (
-        lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+    latency = latency_from_args(args)
+    cfg = FleetConfig(workers=workers, page_size=args.page_size, replicas=args.replicas, latency=latency)
+    log = _logger(args)
     t0 = time.perf_counter()
-    sessions = _workload(args, preset, n_sessions, rate)
+    sessions = workload(args, preset, n_sessions, rate)
     log(f"workload: {len(sessions)} sessions ({'trace ' + args.trace if args.trace else args.workload or preset.kind})"
         f", built in {time.perf_counter() - t0:.1f} s")
     capacity, ws = resolve_capacity(args.capacity_tokens, preset.capacity_tokens, sessions, cfg, args.seed)
     cfg = dataclasses.replace(cfg, capacity_tokens=capacity)
     if ws is not None:
         log(f"working set {ws:,} tokens: {capacity:,} KV tokens per worker ({args.capacity_tokens:g} x)")
-    results = _run_all(sessions, names, cfg, args.seed, log, progress=not args.quiet, redis_url=args.redis,
-                       placement=args.placement)
+    results = run_all(sessions, names, cfg, args.seed, log, progress=not args.quiet, redis_url=args.redis,
+                      placement=args.placement)
     oracle = next((r for r in results if r.policy == "oracle"), None)
     config = {
         "preset": args.preset, "engine": "sim", "workload": "trace" if args.trace else (args.workload or preset.kind),
@@ -276,18 +232,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "capacity_multiple": args.capacity_tokens if isinstance(args.capacity_tokens, float) else None,
         "metadata_store": "redis" if args.redis else "memory", "arrivals": args.arrivals, "capacity_tokens_per_worker": cfg.capacity_tokens,
         "page_size": cfg.page_size, "seed": args.seed, "model": cfg.latency.model.name, "gpu": cfg.latency.gpu.name,
+        "latency": latency_record(args.latency_profile, latency),
         "max_running_requests": cfg.scheduler_config("radix").running_limit, "schedule_policy": cfg.schedule_policy,
         "placement": dataclasses.asdict(args.placement or Policy()),
     }
     doc: dict[str, Any] = {"config": config, "policies": report.all_metrics(results)}
     sweep_names = tuple(n for n in _SWEEP_POLICIES if n in names)
-    if not args.no_sweeps and preset.sweep_sessions and sweep_names:
-        small = _workload(args, preset, min(preset.sweep_sessions, n_sessions), rate)
+    sweeps = not args.no_sweeps and preset.sweep_sessions and sweep_names
+    if sweeps:
+        small = workload(args, preset, min(preset.sweep_sessions, n_sessions), rate)
         ys: dict[str, list[float]] = {n: [] for n in sweep_names}
         for cap in preset.capacity_sweep:
-            for r in _run_all(small, sweep_names, dataclasses.replace(cfg, capacity_tokens=cap), args.seed, log,
-                              f"capacity={cap} ", progress=False, redis_url=args.redis, placement=args.placement):
-                ys[r.policy].append(_hit(r))
+            for r in run_all(small, sweep_names, dataclasses.replace(cfg, capacity_tokens=cap), args.seed, log,
+                             f"capacity={cap} ", progress=False, redis_url=args.redis, placement=args.placement):
+                ys[r.policy].append(hit_rate(r))
         doc["capacity_sweep"] = {"x_label": "capacity_tokens", "x": list(preset.capacity_sweep), "y": ys,
                                  "sessions": len(small), "metric": "token_hit_rate"}
         # fleet size and router replicas (replicas matter to policies with local state only)
@@ -298,24 +256,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ys = {n: [] for n in sweep_names}
             for x in values:
                 changes: dict[str, Any] = {label: x}  # label names a FleetConfig field (workers, replicas)
-                for r in _run_all(small, sweep_names, dataclasses.replace(cfg, **changes), args.seed, log,
-                                  f"{label}={x} ", progress=False, redis_url=args.redis, placement=args.placement):
-                    ys[r.policy].append(_hit(r))
+                for r in run_all(small, sweep_names, dataclasses.replace(cfg, **changes), args.seed, log,
+                                 f"{label}={x} ", progress=False, redis_url=args.redis, placement=args.placement):
+                    ys[r.policy].append(hit_rate(r))
             doc[key] = {"x_label": label, "x": list(values), "y": ys, "sessions": len(small),
                         "metric": "token_hit_rate"}
-        ys = {n: [] for n in sweep_names}
-        p99s: dict[str, list[float]] = {n: [] for n in sweep_names}
-        for load in preset.load_sweep:
-            loaded = _workload(args, preset, min(preset.sweep_sessions, n_sessions), load)
-            for r in _run_all(loaded, sweep_names, cfg, args.seed, log, f"rate={load:g} ", progress=False,
-                              redis_url=args.redis, placement=args.placement):
-                ys[r.policy].append(_throughput(r))
-                p99s[r.policy].append(report.quantile(sorted(r.ttfts), 0.99))
+        ys, p99s = _load_sweep(args, preset, cfg, sweep_names, n_sessions, args.seed, log)
         doc["load_sweep"] = {"x_label": "rate", "x": list(preset.load_sweep), "y": ys, "ttft_p99_s": p99s,
                              "sessions": len(small), "metric": "throughput_sessions_per_s"}
         doc["config"]["slo_ttft_p99_s"] = args.slo_ttft_p99
         for name in sweep_names:
-            doc["policies"][name]["throughput_at_slo_sessions_per_s"] = _at_slo(ys[name], p99s[name], args.slo_ttft_p99)
+            doc["policies"][name]["throughput_at_slo_sessions_per_s"] = at_slo(ys[name], p99s[name], args.slo_ttft_p99)
+    if args.seeds > 1 or args.latency_band:
+        _add_bands(args, preset, cfg, names, sweep_names if sweeps else (), n_sessions, rate, doc, log)
     doc["config"]["wall_s"] = round(time.perf_counter() - t0, 1)
     paths = report.write_results(args.out, doc)
     if not args.no_plots:
@@ -324,11 +277,56 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
-def _run_pressure(args: argparse.Namespace, preset: Preset) -> dict[str, Any]:
-    from agent_cache.bench import pressure
+def _logger(args: argparse.Namespace) -> Callable[[str], None]:
+    return (lambda m: None) if args.quiet else (lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
 
-    log: Callable[[str], None] = (lambda m: None) if args.quiet else (
-        lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+
+def latency_record(profile: str, latency: LatencyModel) -> dict[str, Any]:
+    """The latency constants a run used, for results.json."""
+    return {"profile": profile, "mfu": latency.gpu.mfu, "bandwidth_efficiency": latency.gpu.bandwidth_efficiency,
+            "per_pass_overhead_ms": round(latency.overhead_s * 1e3, 4)}
+
+
+def _load_sweep(args: argparse.Namespace, preset: Preset, cfg: FleetConfig, names: Sequence[str], n_sessions: int,
+                seed: int, log: Callable[[str], None]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Completed sessions/s and p99 TTFT of each policy at each offered load of the preset's sweep."""
+    ys: dict[str, list[float]] = {n: [] for n in names}
+    p99s: dict[str, list[float]] = {n: [] for n in names}
+    for load in preset.load_sweep:
+        loaded = workload(args, preset, min(preset.sweep_sessions, n_sessions), load, seed=seed)
+        for r in run_all(loaded, names, cfg, seed, log, f"rate={load:g} ", progress=False,
+                         redis_url=args.redis, placement=args.placement):
+            ys[r.policy].append(throughput(r))
+            p99s[r.policy].append(report.quantile(sorted(r.ttfts), 0.99))
+    return ys, p99s
+
+
+def _add_bands(args: argparse.Namespace, preset: Preset, cfg: FleetConfig, names: Sequence[str],
+               sweep_names: Sequence[str], n_sessions: int, rate: float | None, doc: dict[str, Any],
+               log: Callable[[str], None]) -> None:
+    """Every policy again over the other seeds and latency profiles (the fleet and capacity as the primary
+    run's); per policy ``bands`` of hit rate, p99 TTFT and throughput at the SLO over all runs."""
+    runs = [doc["policies"]]
+    variants = bands.variants(args.seed, args.seeds, args.latency_band, cfg.latency, args.latency_profile)
+    for v in variants[1:]:
+        vcfg = dataclasses.replace(cfg, latency=v.latency)
+        sessions = workload(args, preset, n_sessions, rate, seed=v.seed)
+        results = run_all(sessions, names, vcfg, v.seed, log, f"seed={v.seed} {v.latency_name} ", progress=False,
+                          redis_url=args.redis, placement=args.placement)
+        metrics = report.all_metrics(results)
+        if sweep_names:
+            ys, p99s = _load_sweep(args, preset, vcfg, sweep_names, n_sessions, v.seed, log)
+            for name in sweep_names:
+                metrics[name]["throughput_at_slo_sessions_per_s"] = at_slo(ys[name], p99s[name], args.slo_ttft_p99)
+        runs.append(metrics)
+    for name, b in bands.bands(runs).items():
+        doc["policies"][name]["bands"] = b
+    doc["band_runs"] = [{"seed": v.seed, "latency": v.latency_name, **latency_record(v.latency_name, v.latency)}
+                        for v in variants]
+
+
+def _run_pressure(args: argparse.Namespace, preset: Preset) -> dict[str, Any]:
+    log = _logger(args)
     doc = pressure.run(args, args.workers or preset.workers, log)
     os.makedirs(args.out, exist_ok=True)
     paths = [os.path.join(args.out, "results.json"), os.path.join(args.out, "results.md")]
@@ -380,12 +378,12 @@ def main_bench(argv: list[str] | None = None) -> int:
         print(f"agent-cache bench: {e}", file=sys.stderr)
         return 1
     if "pressure" in doc:
-        from agent_cache.bench import pressure
-
         print(pressure.markdown(doc), end="")
         return 0
     columns = report.REAL_COLUMNS if args.engine == "real" else report.SIM_COLUMNS
     print(report.markdown_table(doc["policies"], columns), end="")
+    if "band_runs" in doc:
+        print("\n" + bands.markdown(doc["policies"], doc["band_runs"]), end="")
     return 0
 
 
