@@ -96,6 +96,8 @@ class RunResult:
     recomputed_tokens: int = 0  # prompt tokens of a session's own earlier calls prefilled again
     working_set_tokens: int = 0  # peak over time of the live sessions' context tokens, summed
     retractions: int = 0
+    decode_batches: dict[int, int] = field(default_factory=dict)  # decode passes by batch size
+    queue_waits: list[float] = field(default_factory=list)  # per call: arrival to its first prefill pass
     wall_s: float = 0.0
 
 
@@ -174,6 +176,7 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
     tmpl_form = policy.form == "tmpl"
     live_context = 0  # sum of the live sessions' context tokens
     report_every = max(1, len(sessions) // 20)
+    started: set[int] = set()  # requests whose first prefill pass has begun
 
     def start_pass(wi: int, now: float) -> None:
         nonlocal seq
@@ -182,6 +185,13 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
             busy[wi] = False
             return
         busy[wi] = True
+        if it.kind == "decode":
+            res.decode_batches[len(it.batch)] = res.decode_batches.get(len(it.batch), 0) + 1
+        else:
+            for req, _ in it.chunks:
+                if id(req) not in started:
+                    started.add(id(req))
+                    res.queue_waits.append(now - req.arrival)
         heapq.heappush(heap, (now + it.seconds, seq, _PASS_DONE, (wi, it)))
         seq += 1
 
@@ -225,6 +235,7 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
                     continue
                 assert event == DONE
                 st, dispatch, reusable = req.tag
+                started.discard(id(req))
                 res.calls += 1
                 res.prompt_tokens += len(req.prompt)
                 res.cached_tokens += req.cached

@@ -82,7 +82,27 @@ def metrics(res: RunResult, oracle_hit_rate: float | None, model: ModelConfig = 
         "prompt_tokens": res.prompt_tokens,
         "cached_tokens": res.cached_tokens,
         "sim_wall_s": res.wall_s,
+        # which resource binds: how full the GPU's decode batches ran, how long calls waited to start
+        "decode_batch_p50": _hist_quantile(res.decode_batches, 0.50),
+        "decode_batch_p90": _hist_quantile(res.decode_batches, 0.90),
+        "decode_batch_max": max(res.decode_batches, default=0),
+        "queue_wait_p50_s": quantile(sorted(res.queue_waits), 0.50),
+        "queue_wait_p99_s": quantile(sorted(res.queue_waits), 0.99),
+        "retractions": res.retractions,
     }
+
+
+def _hist_quantile(hist: Mapping[int, int], q: float) -> int:
+    """The value at rank round(q x (n - 1)) of a histogram ``value -> count`` (0 when empty)."""
+    n = sum(hist.values())
+    if not n:
+        return 0
+    rank = int(round(q * (n - 1)))
+    for value in sorted(hist):
+        rank -= hist[value]
+        if rank < 0:
+            return value
+    return max(hist)
 
 
 def all_metrics(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
@@ -134,6 +154,13 @@ def results_markdown(doc: Mapping[str, Any]) -> str:
             value = doc["policies"][name].get("throughput_at_slo_sessions_per_s")
             lines.append(f"| {name} | {'none' if value is None else f'{value:.3f}'} |")
         lines.append("")
+    if cfg.get("preset") == "production":
+        from agent_cache.bench.production import PRODUCTION_COLUMNS
+
+        lines += ["## What binds: queue waits and decode batch sizes", "",
+                  "Queue wait: a call's arrival to its first prefill pass. Decode batch: requests per decode pass.",
+                  "", markdown_table(doc["policies"], PRODUCTION_COLUMNS), "", "KV pool per worker, as SGLang sizes it:",
+                  "", *[f"- {line}" for line in cfg["kv_pool"]["arithmetic"]], ""]
     if doc.get("band_runs"):
         lines += [bands.markdown(doc["policies"], doc["band_runs"])]
     return "\n".join(lines)

@@ -11,7 +11,11 @@ Presets of the sim engine:
   (under 2 minutes on 2 cores);
 * ``full``: 16 workers, 3,000 ReAct sessions, larger sweeps;
 * ``seed``: no prefix caching vs agent-cache on a ReAct workload at a load
-  that saturates the no-cache fleet: sessions/s, mean session latency, KV.
+  that saturates the no-cache fleet: sessions/s, mean session latency, KV;
+* ``pressure``: :mod:`agent_cache.bench.pressure`;
+* ``production``: 4 workers, each with the KV pool SGLang allocates for
+  Llama-3.1-8B on an 80 GB H100 (:mod:`agent_cache.bench.production`),
+  120 coding sessions at 0.8/s; queue waits and decode batch sizes reported.
 
 ``python -m agent_cache.bench.runner --preset quick --out bench-out`` works
 as well as ``agent-cache bench``.
@@ -43,6 +47,7 @@ from agent_cache.bench.experiment import (
 )
 from agent_cache.bench.fleetsim import FleetConfig
 from agent_cache.bench.policies import POLICIES
+from agent_cache.bench.production import PRODUCTION_COLUMNS, PRODUCTION_POOL
 from agent_cache.bench.realload import REAL_POLICIES
 from agent_cache.bench.workloads import KINDS
 from agent_cache.errors import AgentCacheError, ConfigError
@@ -67,6 +72,9 @@ PRESETS = {
     "seed": Preset(workers=8, sessions=1_000, rate=30.0, policies=("no-cache", "agent-cache")),
     # ReAct, Reflexion and coding at KV capacity x1, x1.5, x3 of the working set, then at rising load
     "pressure": Preset(workers=8, sessions=0, rate=0.0, policies=()),
+    # SGLang's own KV pool for Llama-3.1-8B on an 80 GB H100, pressed by concurrent coding-agent sessions
+    "production": Preset(workers=4, sessions=120, rate=0.8, kind="coding", capacity_tokens=PRODUCTION_POOL.tokens,
+                         policies=("least-load", "consistent-hash", "agent-cache")),
 }
 
 
@@ -82,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "processes and the real smg gateway; oracle and no-cache exist only in the sim engine).")
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick",
                    help="sim: quick 8 workers/300 sessions, full 16/3,000, seed no-cache vs agent-cache, pressure "
-                        "ReAct/Reflexion/coding at KV capacity x1, x1.5, x3 of the working set and rising load; "
+                        "ReAct/Reflexion/coding at KV capacity x1, x1.5, x3 of the working set and rising load, "
+                        "production 4 workers with SGLang's own KV pool (414k tokens: Llama-3.1-8B, 80 GB H100) and "
+                        "120 coding sessions at 0.8/s; "
                         "real: quick 4 workers/32 sessions, full 8/200, seed 4/60 with 4x slower modelled GPUs")
     p.add_argument("--engine", choices=("sim", "real"), default="sim",
                    help="sim: virtual-clock fleet simulation; real: real processes (simulated workers, Redis, smg)")
@@ -236,6 +246,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "max_running_requests": cfg.scheduler_config("radix").running_limit, "schedule_policy": cfg.schedule_policy,
         "placement": dataclasses.asdict(args.placement or Policy()),
     }
+    if args.preset == "production":
+        config["kv_pool"] = PRODUCTION_POOL.as_dict()
     doc: dict[str, Any] = {"config": config, "policies": report.all_metrics(results)}
     sweep_names = tuple(n for n in _SWEEP_POLICIES if n in names)
     sweeps = not args.no_sweeps and preset.sweep_sessions and sweep_names
@@ -382,6 +394,8 @@ def main_bench(argv: list[str] | None = None) -> int:
         return 0
     columns = report.REAL_COLUMNS if args.engine == "real" else report.SIM_COLUMNS
     print(report.markdown_table(doc["policies"], columns), end="")
+    if args.preset == "production" and args.engine == "sim":
+        print("\n" + report.markdown_table(doc["policies"], PRODUCTION_COLUMNS), end="")
     if "band_runs" in doc:
         print("\n" + bands.markdown(doc["policies"], doc["band_runs"]), end="")
     return 0
