@@ -161,7 +161,7 @@ def _imbalance(calls: Sequence[CallRecord], workers: Sequence[str]) -> float:
 
 
 def metrics(results: Sequence[ReplicaResult], n_sessions: int, start: float, workers: Sequence[str],
-            kv_tokens: int, wall_s: float) -> tuple[dict[str, Any], list[float]]:
+            kv_tokens: int | None, wall_s: float) -> tuple[dict[str, Any], list[float]]:
     """The per-policy metrics of one run (and its TTFTs, for the plot)."""
     calls = [c for r in results for c in r.calls]
     done = [s for r in results for s in r.sessions]
@@ -194,7 +194,7 @@ def metrics(results: Sequence[ReplicaResult], n_sessions: int, start: float, wor
         "throughput_sessions_per_s": len(done) / span,
         "prompt_tokens_per_s": prompt / span,
         "output_tokens_per_s": out / span,
-        "kv_gb": DEFAULT_LATENCY.model.kv_gb(kv_tokens),
+        "kv_gb": None if kv_tokens is None else DEFAULT_LATENCY.model.kv_gb(kv_tokens),
         "kv_tokens": kv_tokens,
         "load_imbalance": _imbalance(calls, workers),
         "moves": moves,

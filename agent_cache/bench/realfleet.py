@@ -183,7 +183,7 @@ class SimWorkers:
     """N simulated SGLang workers (``agent-cache sim-worker``) on free loopback ports."""
 
     def __init__(self, procs: Processes, n: int, *, time_scale: float, capacity_tokens: int, page_size: int = 1,
-                 max_running_requests: int | None = None) -> None:
+                 max_running_requests: int | None = None, sglang_version: str | None = None) -> None:
         self.urls: list[str] = []
         self._procs: list[Proc] = []
         for i in range(n):
@@ -194,6 +194,8 @@ class SimWorkers:
                     "--enable-cache-report", "--enable-metrics", "--log-level", "warning"]
             if max_running_requests is not None:
                 argv += ["--max-running-requests", str(max_running_requests)]
+            if sglang_version is not None:
+                argv += ["--sglang-version", sglang_version]
             self._procs.append(procs.start(f"sim-worker-{i}", argv))
             self.urls.append(f"http://127.0.0.1:{port}")
         self._http = httpx.Client(timeout=5.0)
@@ -203,7 +205,9 @@ class SimWorkers:
 
         wait_until(healthy, self._procs, f"{n} simulated workers", timeout=60.0)
         for url in self.urls:  # the tokenizer loads on first use: not inside the first policy's first call
-            self._http.post(url + "/tokenize", json={"prompt": "warm up"}).raise_for_status()
+            # /generate exists in every 0.5.x release (/tokenize only from 0.5.4); flushed before each policy
+            self._http.post(url + "/generate", json={"text": "warm up", "sampling_params": {"max_new_tokens": 1}},
+                            timeout=60.0).raise_for_status()
 
     def check(self) -> None:
         for p in self._procs:
@@ -215,12 +219,23 @@ class SimWorkers:
             wait_until(lambda: self._http.post(url + "/flush_cache").status_code == 200, self._procs,
                        f"/flush_cache of {url}", timeout)
 
-    def kv_tokens(self) -> int:
-        """Tokens held by the workers' radix caches now (``/v1/loads`` num_used_tokens)."""
+    def kv_tokens(self) -> int | None:
+        """Tokens held by the workers' radix caches now, evictable ones included; None if a worker does not say.
+
+        Not ``/v1/loads`` ``num_used_tokens``: SGLang counts there only what
+        running requests hold (``max_total - (available + evictable)``), which
+        reads ~0 between runs. SGLang reports its cached tokens nowhere over
+        HTTP; the simulated worker's ``/server_info`` adds ``sim_cached_tokens``.
+        """
         total = 0
         for url in self.urls:
-            loads = self._http.get(url + "/v1/loads").json()["loads"]
-            total += sum(int(x.get("num_used_tokens") or 0) for x in loads)
+            r = self._http.get(url + "/server_info")
+            if r.status_code == 404:  # before 0.5.6
+                r = self._http.get(url + "/get_server_info")
+            held = r.json().get("sim_cached_tokens")
+            if held is None:
+                return None
+            total += int(held)
         return total
 
     def close(self) -> None:

@@ -34,6 +34,11 @@ class _BadRequest(Exception):
     pass
 
 
+def _generate_error(message: str) -> JSONResponse:
+    # /generate's own shape: http_server.py _create_error_response, {"error": {"message": ...}} with 400
+    return JSONResponse({"error": {"message": message}}, status_code=400)
+
+
 def _error(message: str, status: int = 400, kind: str = "BadRequestError") -> JSONResponse:
     # SGLang's ErrorResponse, returned flat by its OpenAI serving layer
     body = {"object": "error", "message": message, "type": kind, "param": None, "code": status}
@@ -360,13 +365,13 @@ class SimServer:
             if not isinstance(params, dict):
                 raise _BadRequest("sampling_params must be an object")
         except _BadRequest as exc:
-            return _error(str(exc))
+            return _generate_error(str(exc))
         if not prompt_ids:
-            return _error("The input is empty")
+            return _generate_error("The input is empty")
         try:
             self.engine.check_prompt(prompt_ids)
         except PromptTooLong as exc:
-            return _error(str(exc))
+            return _generate_error(str(exc))
         plan = plan_output({"messages": [], "sim_output": body.get("sim_output")}, prompt_ids)
         max_new = params.get("max_new_tokens", 128)
         output_ids, text, finish, matched = apply_stop(plan.text, _stops(params.get("stop")), max_new)
@@ -490,6 +495,9 @@ class SimServer:
                 "enable_cache_report": o.enable_cache_report,
                 "enable_metrics": o.enable_metrics,
                 "simulated": True,
+                # SGLang reports no count of cached tokens over HTTP (num_used_tokens leaves out the
+                # evictable cache); the simulator adds one so benchmarks can read what its tree holds
+                "sim_cached_tokens": e.cache.total_tokens,
                 "status": "ready",
                 "max_total_num_tokens": o.max_total_tokens,
                 "max_req_input_len": min(o.context_length, o.max_total_tokens) - 1,

@@ -88,6 +88,7 @@ def test_every_policy_completes_every_session(tiny) -> None:
         assert 0 < m["cached_tokens"] < m["prompt_tokens"], name
         assert 0 < m["ttft_p50_s"] <= m["ttft_p95_s"] <= m["ttft_p99_s"], name
         assert sum(m["calls_per_worker"].values()) == m["calls"], name
+        assert m["kv_tokens"] > 0, name  # what the caches hold after the run, evictable tokens included
 
 
 def test_agent_cache_hits_more_and_sessions_stay_on_one_worker(tiny) -> None:
