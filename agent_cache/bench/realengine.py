@@ -43,6 +43,7 @@ from agent_cache.bench.realfleet import (
     Processes,
     SimWorkers,
     SmgGateways,
+    smg_policy_flags,
     smg_version,
     start_redis,
     write_gateway_keys,
@@ -247,6 +248,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "gpu": DEFAULT_LATENCY.gpu.name,
         "max_running_requests": default_max_running_requests(capacity, WorkerOptions().context_length),
         "smg_version": smg_version(smg) if smg else None,
+        # every flag each smg policy ran with beyond smg's defaults (plus ports, log level and, with
+        # several gateways, the mesh flags)
+        "smg_flags": {n: smg_policy_flags(n) for n in names if n in SMG_POLICIES},
         "redis": "given (--redis)" if args.redis else "private redis-server", "cpu_count": os.cpu_count(),
         "sim_only_policies": list(SIM_ONLY),
     }

@@ -311,6 +311,15 @@ def smg_argv(binary: str, policy: str, worker_urls: Sequence[str], port: int, me
     return argv
 
 
+def smg_policy_flags(name: str) -> list[str]:
+    """The flags that make benchmark policy ``name`` (an ``smg-*`` one) differ from smg's defaults."""
+    policy = SMG_POLICIES[name]
+    flags = ["--policy", policy, *SMG_TUNING.get(name, ())]
+    if policy == "consistent_hashing":
+        flags += ["--routing-key-headers", ROUTING_KEY_HEADER]
+    return flags
+
+
 def mesh_argv(index: int, mesh_ports: Sequence[int]) -> list[str]:
     """smg's HA mesh flags for gateway ``index`` of a group: its own listener, every other one as a peer.
 

@@ -178,6 +178,9 @@ def _real_markdown(doc: Mapping[str, Any]) -> str:
              "latencies are measured at the client. `oracle` and `no-cache` exist only in the sim engine.", "",
              "Config: " + ", ".join(f"{k}={v}" for k, v in cfg.items() if not isinstance(v, (dict, list))), "",
              markdown_table(doc["policies"], REAL_COLUMNS)]
+    if cfg.get("smg_flags"):
+        lines += ["smg configuration (flags beyond its defaults):", "",
+                  *[f"- `{name}`: `{' '.join(flags)}`" for name, flags in cfg["smg_flags"].items()], ""]
     workers = sorted({w for m in doc["policies"].values() for w in m.get("calls_per_worker", {})})
     if workers:
         lines += ["## Calls per worker", "",

@@ -115,6 +115,9 @@ def test_results_files_and_config(tiny) -> None:
         installed = subprocess.run([SMG, "--version"], capture_output=True, text=True).stdout
         assert re.fullmatch(r"\d+\.\d+\.\d+\S*", cfg["smg_version"]) and cfg["smg_version"] in installed
     assert cfg["sim_only_policies"] == ["oracle", "no-cache"]
+    if SMG:
+        assert cfg["smg_flags"] == {"smg-consistent_hashing": ["--policy", "consistent_hashing",
+                                                               "--routing-key-headers", "x-smg-routing-key"]}
     for m in doc["policies"].values():
         for key in DOCUMENTED:
             assert key in m, key
@@ -122,6 +125,8 @@ def test_results_files_and_config(tiny) -> None:
     md = (out / "results.md").read_text()
     assert "# Real-process benchmark results" in md and "| agent-cache |" in md
     assert "exist only in the sim engine" in md
+    if SMG:
+        assert "- `smg-consistent_hashing`: `--policy consistent_hashing --routing-key-headers x-smg-routing-key`" in md
     assert (out / "ttft_cdf.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
