@@ -124,7 +124,11 @@ class RandomDecoder:
             q = q.view(batch, length, s.heads, s.head_dim).transpose(1, 2)
             k = k.view(batch, length, s.kv_heads, s.head_dim).transpose(1, 2)
             v = v.view(batch, length, s.kv_heads, s.head_dim).transpose(1, 2)
-            a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            # K/V expanded to every query head: SDPA's flash kernel then takes it (GQA flags can fall
+            # back to the math kernel, whose 32k x 32k scores would not fit); the copy is small next to prefill
+            group = s.heads // s.kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
             x = x + a.transpose(1, 2).reshape(batch, length, -1) @ layer["o"].T
             x = x + self._mlp(self._norm(x), layer)
         _ = self._norm(x[:, -1]) @ self.lm_head.T
@@ -136,9 +140,11 @@ class RandomDecoder:
         k_cache, v_cache = kv[0][:batch, :, :context], kv[1][:batch, :, :context]
         for layer in self.layers:
             h = self._norm(x) @ layer["qkv"].T
-            q = h[..., : s.heads * s.head_dim].view(batch, 1, s.heads, s.head_dim).transpose(1, 2)
-            a = torch.nn.functional.scaled_dot_product_attention(q, k_cache, v_cache, enable_gqa=True)
-            x = x + a.transpose(1, 2).reshape(batch, 1, -1) @ layer["o"].T
+            # one query token per request: its heads grouped per KV head are queries of that KV head,
+            # so attention reads each cached K/V once, as a GQA decode kernel does
+            q = h[..., : s.heads * s.head_dim].reshape(batch, s.kv_heads, s.heads // s.kv_heads, s.head_dim)
+            a = torch.nn.functional.scaled_dot_product_attention(q, k_cache, v_cache)
+            x = x + a.reshape(batch, 1, -1) @ layer["o"].T
             x = x + self._mlp(self._norm(x), layer)
         _ = self._norm(x[:, -1]) @ self.lm_head.T
 
