@@ -214,8 +214,11 @@ async def _run_policy(name: str, urls: list[str], router: Router, templates: str
                          template_variables={"user_name": user}, max_tokens=48)
         agent = create_agent(llm, tools=[search_docs, calculator], system_prompt=system_prompt(user, today),
                              middleware=[SessionMiddleware()])
-        async with gate:
-            await _run_session(agent, i, user, result, timer, tag)
+        try:
+            async with gate:
+                await _run_session(agent, i, user, result, timer, tag)
+        finally:
+            await llm.aclose()  # its queued template records are written before the run's keys are deleted
         print(f"  {name}: session {result.sessions}/{sessions}", file=sys.stderr, flush=True)
 
     start = time.perf_counter()
