@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, Collection, Mapping, Sequence
 
+from agent_cache.backends import request_schema
 from agent_cache.backends.protocol import CHAT_FIELDS
+from agent_cache.backends.request_schema import Check, check_depth, check_types
 from agent_cache.errors import ConfigError
 
 # Fields that namespace the worker's prefix cache: the router sets them from
@@ -34,7 +36,7 @@ _INTEGERS = ("top_k", "seed")
 def check_chat_request(
     messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any], owned: Mapping[str, str | None],
     fields: Collection[str] = CHAT_FIELDS, owner: str = "give ChatSGLang(tenant=...) instead",
-    values_checked: bool = False,
+    values_checked: bool = False, schema: Mapping[str, Check] | None = None,
 ) -> None:
     """Raise :class:`ConfigError` naming the field for a request SGLang or the router would refuse.
 
@@ -43,7 +45,9 @@ def check_chat_request(
     :data:`TENANT_FIELDS` (``None``: the field must not be set); ``fields``:
     the request fields accepted; ``owner``: how the caller picks a tenant; ``values_checked``: every
     text is known to be valid Unicode and every number finite (read by a strict JSON parser), so
-    only the fields and ranges are checked.
+    only the fields and ranges are checked; ``schema``: each field's type
+    (:mod:`~agent_cache.backends.request_schema`; by default the one of the route whose ``fields``
+    these are: chat, completions or ``/generate``).
     """
     extra = params.get("extra_body") or {}
     if not isinstance(extra, Mapping):
@@ -58,6 +62,12 @@ def check_chat_request(
                 raise ConfigError(where, "set by the router from the model's tenant, so one tenant cannot reach "
                                          "another's cached prompts; " + owner)
     merged = {**{k: v for k, v in params.items() if k != "extra_body"}, **extra}
+    check_depth({"messages": messages, **merged})  # first: every walk below may then recurse
+    if schema is None:
+        schema = _schema_for(fields)
+    if messages:
+        schema.get("messages", request_schema.CHAT["messages"])(messages, "messages")
+    check_types(merged, schema)
     for name, (low, high, low_ok) in _RANGES.items():
         value = merged.get(name)
         if value is None:
@@ -80,6 +90,14 @@ def check_chat_request(
     _check_json(messages, "messages")
     for name, value in merged.items():
         _check_json(value, str(name))
+
+
+def _schema_for(fields: Collection[str]) -> Mapping[str, Check]:
+    if "sampling_params" in fields:
+        return request_schema.GENERATE
+    if "prompt" in fields:
+        return request_schema.COMPLETIONS
+    return request_schema.CHAT
 
 
 def check_text(value: str, field: str) -> None:

@@ -20,6 +20,7 @@ import orjson
 
 from agent_cache.backends.protocol import CHAT_FIELDS
 from agent_cache.backends.request_check import TENANT_FIELDS, check_chat_request
+from agent_cache.backends.request_schema import check_depth
 from agent_cache.errors import ConfigError, TemplateError
 from agent_cache.gateway.config import ApiKey
 from agent_cache.gateway.session_header import session_value
@@ -112,6 +113,7 @@ def parse_json_body(raw: bytes) -> tuple[dict[str, Any], bool]:
         raise ConfigError("body", "JSON nested too deeply") from None
     if not isinstance(body, dict):
         raise ConfigError("body", f"expected a JSON object, got {type(body).__name__}")
+    check_depth(body)  # before any walk of it (the session's inference, the templater) can recurse
     return body, checked
 
 
