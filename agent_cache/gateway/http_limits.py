@@ -215,6 +215,11 @@ class _Guard:
         if cycle is not self.phase_cycle or not _in_headers(cycle):
             self.stop()  # they did arrive (parsed later than they were read)
             return
+        if cycle is not None and not cycle.response_complete and not cycle.more_body:
+            # a request sent ahead while the previous answer is under way: h11 parses it only
+            # after that answer (its bytes are still counted), so its time starts again
+            self.timer = self.loop.call_later(self.limits.timeout, self._timed_out)
+            return
         if self.received == 0 and cycle is None:
             self.evict()  # never said a word
         else:

@@ -18,6 +18,7 @@ from agent_cache.sim import SimFleet
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+TRICKLE = HEAD + b"x-a: " + b"b" * 1000  # valid header bytes, sent one a second
 
 
 @pytest.fixture(scope="module")
@@ -171,10 +172,11 @@ def test_header_read_timeout_and_idle_keep_alive(procs, fleet, http):
 def test_slow_header_connections_do_not_starve_calls(procs, fleet):
     """The slowloris case at a small scale: a gateway with 256 file descriptors, 400 connections
     sending headers at a byte a second (reopened when closed, as an attacker does) and legitimate
-    calls at the same time. Without the pending-connection cap the slow ones hold every descriptor."""
+    calls at the same time. Without the pending-connection cap the slow ones hold every descriptor
+    (0 of 40 calls succeed)."""
     port = free_port()
     argv = ["prlimit", "--nofile=256:256", sys.executable, "-m", "agent_cache.cli", "serve", "--workers",
-            fleet.urls[0], "--port", str(port), "--max-pending-connections", "50", "--header-timeout", "10"]
+            fleet.urls[0], "--port", str(port), "--max-pending-connections", "50", "--header-timeout", "60"]
     proc = procs.start("gateway", argv)
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: httpx.get(url + "/health", timeout=2).status_code == 200, [proc], "gateway", timeout=60)
@@ -182,19 +184,20 @@ def test_slow_header_connections_do_not_starve_calls(procs, fleet):
     opened = [0]
 
     def slowloris() -> None:
-        socks: list[socket.socket] = []
+        socks: dict[socket.socket, int] = {}  # connection -> header bytes sent
         while not stop.is_set():
             while len(socks) < 400 and not stop.is_set():
                 try:
-                    socks.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+                    socks[socket.create_connection(("127.0.0.1", port), timeout=1)] = 0
                     opened[0] += 1
                 except OSError:
                     break
-            for s in list(socks):
+            for s, n in list(socks.items()):
                 try:
-                    s.send(b"x")
+                    s.send(TRICKLE[n:n + 1])
+                    socks[s] = n + 1
                 except OSError:
-                    socks.remove(s)
+                    del socks[s]
                     s.close()
             stop.wait(1.0)
         for s in socks:
@@ -205,7 +208,7 @@ def test_slow_header_connections_do_not_starve_calls(procs, fleet):
     try:
         time.sleep(3)
         ok = 0
-        with httpx.Client(timeout=5) as client:
+        with httpx.Client(timeout=3) as client:  # the header timeout (60 s) does not come into it
             for _ in range(40):
                 try:
                     ok += client.post(url + "/v1/chat/completions", json=BODY,
