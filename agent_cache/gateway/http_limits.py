@@ -19,6 +19,10 @@ parsers are wrapped here alike, at the bytes they are fed:
   waiting for their headers; one more closes the one that has waited
   longest, so new (legitimate) connections are served while an attacker's
   hold nothing for long.
+- **idle connections**: an idle kept-alive connection waits ``--keep-alive``
+  as before, but once more than half the open-file limit are open, each new
+  connection closes the idle one that has waited longest (as nginx reclaims
+  kept-alive connections when it runs out), which HTTP clients expect.
 """
 
 from __future__ import annotations
@@ -101,9 +105,10 @@ def raise_open_file_limit() -> int:
 def uvicorn_options(limits: HeaderLimits, http: str, open_files: int) -> dict[str, Any]:
     """Keyword arguments for ``uvicorn.run``/``uvicorn.Config``: the HTTP protocol class (``http``:
     ``auto``, ``httptools`` or ``h11``) wrapped with ``limits``. Pending connections are capped at a
-    quarter of ``open_files`` too, so they never take the descriptors calls and workers need."""
+    quarter of ``open_files`` too, so they never take the descriptors calls and workers need; past
+    half of ``open_files`` client connections, idle kept-alive ones are closed, oldest first."""
     cap = max(1, min(limits.max_pending, open_files // 4))
-    pending = _Pending(cap)
+    pending = _Pending(cap, max(cap, open_files // 2))
     guarded = _GuardedH11 if _base_class(http) is H11Protocol else _GuardedHttpTools
     protocol = type(f"Limited{guarded.__name__}", (guarded,), {"guard_limits": limits, "guard_pending": pending})
     # h11 refuses (400) a header block past its own buffer bound: ours comes first, 431
@@ -125,13 +130,17 @@ def _base_class(http: str) -> type[asyncio.Protocol]:
 
 
 class _Pending:
-    """The connections waiting for their headers, oldest first; at most ``cap`` of them."""
+    """The connections waiting for their headers, oldest first, at most ``cap`` of them; and the idle
+    kept-alive ones, oldest first, closed (as nginx reclaims them) while more than ``max_open``
+    connections are open, so idle connections cannot hold the descriptors new ones need."""
 
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
+    def __init__(self, cap: int, max_open: int) -> None:
+        self.cap, self.max_open = cap, max_open
         self._waiting: OrderedDict[_Guard, None] = OrderedDict()
+        self._idle: OrderedDict[_Guard, None] = OrderedDict()
 
     def add(self, guard: _Guard) -> None:
+        self._idle.pop(guard, None)
         self._waiting[guard] = None
         while len(self._waiting) > self.cap:
             oldest, _ = self._waiting.popitem(last=False)
@@ -139,6 +148,20 @@ class _Pending:
 
     def discard(self, guard: _Guard) -> None:
         self._waiting.pop(guard, None)
+
+    def idle(self, guard: _Guard) -> None:
+        self._idle[guard] = None
+
+    def busy(self, guard: _Guard) -> None:
+        self._idle.pop(guard, None)
+
+    def reclaim(self, open_now: int) -> None:
+        """A connection opened and ``open_now`` are open: close idle ones beyond ``max_open``, oldest first."""
+        for _ in range(open_now - self.max_open):
+            if not self._idle:
+                return
+            oldest, _ = self._idle.popitem(last=False)
+            oldest.evict()
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -184,6 +207,7 @@ class _Guard:
         """Whether ``data`` may be fed to the parser; else the connection is refused and closed."""
         if self.closed:
             return False
+        self.pending.busy(self)
         if self.timer is not None and self.cycle() is not self.phase_cycle:
             self.stop()  # the parser completed them after an earlier read (h11 resumes a paused request)
         if not _in_headers(self.cycle()):
@@ -228,6 +252,7 @@ class _Guard:
     def evict(self) -> None:
         """Close the connection without an answer (it waited too long, or the cap needs its place)."""
         self.stop()
+        self.pending.busy(self)
         self.closed = True
         self.transport.close()
 
@@ -322,11 +347,18 @@ def _make(base: type[Any]) -> type[Any]:
             super().connection_made(transport)
             self.guard = _Guard(self.guard_limits, self.guard_pending, self.loop, transport, lambda: self.cycle)
             self.guard.start()
+            self.guard_pending.reclaim(len(self.connections))
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.guard is not None and self.timeout_keep_alive_task is not None:  # idle until the next request
+                self.guard_pending.idle(self.guard)
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self.guard is not None:
                 self.guard.closed = True
                 self.guard.stop()
+                self.guard_pending.busy(self.guard)
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:

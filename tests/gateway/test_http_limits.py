@@ -56,7 +56,10 @@ def _response(sock: socket.socket) -> bytes:
     """One whole response (content-length framed) read from a kept-alive connection."""
     data = b""
     while b"\r\n\r\n" not in data:
-        data += sock.recv(65536) or b"!"
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before a whole response")
+        data += chunk
     head, _, rest = data.partition(b"\r\n\r\n")
     length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
     while len(rest) < length:
@@ -221,6 +224,41 @@ def test_slow_header_connections_do_not_starve_calls(procs, fleet):
         attacker.join(30)
     assert opened[0] > 400  # the attacker's connections were closed and reopened
     assert ok >= 38, f"{ok} of 40 calls succeeded"
+
+
+def test_idle_kept_alive_connections_do_not_starve_calls(procs, fleet):
+    """300 connections that each made a call and stay idle (kept alive), on a gateway with 256 file
+    descriptors: past half of them the oldest idle ones are closed, so new calls are served. Without
+    that, the idle ones hold every descriptor for --keep-alive (75 s) and no call is served."""
+    port = free_port()
+    argv = ["prlimit", "--nofile=256:256", sys.executable, "-m", "agent_cache.cli", "serve", "--workers",
+            fleet.urls[0], "--port", str(port)]
+    proc = procs.start("gateway", argv)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(url + "/health", timeout=2).status_code == 200, [proc], "gateway", timeout=60)
+    idle: list[socket.socket] = []
+    try:
+        unanswered = 0
+        while len(idle) < 300 and unanswered < 3:
+            s = socket.create_connection(("127.0.0.1", port), timeout=1)
+            idle.append(s)
+            try:
+                s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+                _response(s)
+            except OSError:  # not accepted (no descriptor left), or closed at once: kept on this side
+                unanswered += 1
+        ok = 0
+        with httpx.Client(timeout=3) as client:
+            for _ in range(20):
+                try:
+                    ok += client.post(url + "/v1/chat/completions", json=BODY,
+                                      headers={"connection": "close"}).status_code == 200
+                except httpx.HTTPError:
+                    pass
+        assert ok == 20, f"{ok} of 20 calls succeeded"
+    finally:
+        for s in idle:
+            s.close()
 
 
 def test_session_ids_in_headers_are_utf8_and_echoes_bounded(procs, fleet):
