@@ -29,7 +29,8 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "presence_penalty": (-2.0, 2.0, True),
     "repetition_penalty": (0.0, 2.0, False),
 }
-_COUNTS = {"max_tokens": 0, "max_completion_tokens": 0, "min_tokens": 0, "n": 1, "top_logprobs": 0}
+_COUNTS = {"max_tokens": 0, "max_completion_tokens": 0, "min_tokens": 0, "n": 1, "top_logprobs": 0,
+           "max_new_tokens": 0, "min_new_tokens": 0}  # the last two: /generate's sampling_params
 _INTEGERS = ("top_k", "seed")
 
 
@@ -54,7 +55,8 @@ def check_chat_request(
         raise ConfigError("extra_body", f"expected a mapping, got {type(extra).__name__}")
     unknown = sorted(str(k) for k in params if k != "extra_body" and k not in fields)
     if unknown:
-        raise ConfigError(unknown[0], f"not a chat completion field SGLang accepts (unknown: {unknown})")
+        shown = [name[:100] for name in unknown[:10]]  # bounded: the answer need not repeat a huge body
+        raise ConfigError(unknown[0][:200], f"not a chat completion field SGLang accepts (unknown: {shown})")
     for field in TENANT_FIELDS:
         for where, source in ((field, params), (f"extra_body.{field}", extra)):
             value = source.get(field)
@@ -68,28 +70,37 @@ def check_chat_request(
     if messages:
         schema.get("messages", request_schema.CHAT["messages"])(messages, "messages")
     check_types(merged, schema)
-    for name, (low, high, low_ok) in _RANGES.items():
-        value = merged.get(name)
-        if value is None:
-            continue
-        if not _is_number(value) or not math.isfinite(value):
-            raise ConfigError(name, f"expected a finite number, got {value!r}")
-        if value < low or (value == low and not low_ok) or value > high:
-            bounds = f"{'[' if low_ok else '('}{low}, {high}]"
-            raise ConfigError(name, f"must be within {bounds}, got {value!r}")
-    for name, least in _COUNTS.items():
-        value = merged.get(name)
-        if value is not None and (not _is_integer(value) or value < least):
-            raise ConfigError(name, f"expected an integer >= {least}, got {value!r}")
-    for name in _INTEGERS:
-        value = merged.get(name)
-        if value is not None and not _is_integer(value):
-            raise ConfigError(name, f"expected an integer, got {value!r}")
+    _check_options(merged, "")
+    sampling = merged.get("sampling_params")  # /generate: the options sit there
+    for i, options in enumerate(sampling if isinstance(sampling, list) else [sampling]):
+        if isinstance(options, Mapping):
+            _check_options(options, "sampling_params." if isinstance(sampling, Mapping) else f"sampling_params[{i}].")
     if values_checked:
         return
     _check_json(messages, "messages")
     for name, value in merged.items():
         _check_json(value, str(name))
+
+
+def _check_options(values: Mapping[str, Any], prefix: str) -> None:
+    """SGLang's ranges for the sampling options in ``values`` (named ``prefix`` + the option)."""
+    for name, (low, high, low_ok) in _RANGES.items():
+        value = values.get(name)
+        if value is None:
+            continue
+        if not _is_number(value) or not math.isfinite(value):
+            raise ConfigError(prefix + name, f"expected a finite number, got {value!r}")
+        if value < low or (value == low and not low_ok) or value > high:
+            bounds = f"{'[' if low_ok else '('}{low}, {high}]"
+            raise ConfigError(prefix + name, f"must be within {bounds}, got {value!r}")
+    for name, least in _COUNTS.items():
+        value = values.get(name)
+        if value is not None and (not _is_integer(value) or value < least):
+            raise ConfigError(prefix + name, f"expected an integer >= {least}, got {value!r}")
+    for name in _INTEGERS:
+        value = values.get(name)
+        if value is not None and not _is_integer(value):
+            raise ConfigError(prefix + name, f"expected an integer, got {value!r}")
 
 
 def _schema_for(fields: Collection[str]) -> Mapping[str, Check]:

@@ -182,11 +182,23 @@ COMPLETIONS: dict[str, Check] = {
     **_COMMON, "logprobs": integer, "best_of": integer, "echo": boolean, "suffix": string,
     "prompt": one_of("a string, a list of strings, or token ids", string, list_of(string), _INT_LISTS),
 }
+# SGLang's SamplingParams (sglang/srt/sampling/sampling_params.py); keys it does not list are left as they are
+SAMPLING: dict[str, Check] = {
+    "max_new_tokens": integer, "min_new_tokens": integer, "stop": _STRINGS, "stop_token_ids": list_of(integer),
+    "stop_regex": _STRINGS, "temperature": number, "top_p": number, "top_k": integer, "min_p": number,
+    "frequency_penalty": number, "presence_penalty": number, "repetition_penalty": number, "n": integer,
+    "json_schema": string, "regex": string, "ebnf": string, "structural_tag": string, "ignore_eos": boolean,
+    "skip_special_tokens": boolean, "spaces_between_special_tokens": boolean, "no_stop_trim": boolean,
+    "custom_params": json_object, "stream_interval": integer, "logit_bias": map_of(number),
+    "sampling_seed": integer,
+}
+_SAMPLING_PARAMS = fields({}, SAMPLING)
 _BOOLS = one_of("true, false or a list of them", boolean, list_of(boolean))
 _INT_OR_LIST = one_of("an integer or a list of integers", integer, list_of(integer))
 _OBJECTS = one_of("an object or a list of objects", json_object, list_of(json_object))
 GENERATE: dict[str, Check] = {
-    "text": _STRINGS, "input_ids": _INT_LISTS, "sampling_params": _OBJECTS, "return_logprob": _BOOLS,
+    "text": _STRINGS, "input_ids": _INT_LISTS, "sampling_params": one_of("an object or a list of objects", _SAMPLING_PARAMS,
+                                                                    list_of(_SAMPLING_PARAMS)), "return_logprob": _BOOLS,
     "logprob_start_len": _INT_OR_LIST, "top_logprobs_num": _INT_OR_LIST, "token_ids_logprob": _INT_LISTS,
     "return_text_in_logprobs": boolean, "stream": boolean, "log_metrics": boolean,
     "return_hidden_states": _BOOLS, "modalities": list_of(string), "session_params": _OBJECTS,

@@ -72,6 +72,10 @@ OTHER_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("/generate", {"text": "x", "stream": "true"}, "stream"), ("/generate", {"text": 5}, "text"),
     ("/generate", {"text": "x", "sampling_params": 3}, "sampling_params"),
     ("/generate", {"input_ids": ["a"]}, "input_ids[0]"),
+    ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": "5"}}, "sampling_params.max_new_tokens"),
+    ("/generate", {"text": "x", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
+    ("/generate", {"text": ["x", "y"], "sampling_params": [{"top_p": 0.5}, {"ignore_eos": "yes"}]},
+     "sampling_params[1].ignore_eos"),
     ("/generate", {"text": "x", "sampling_params": _deep(1000)}, "sampling_params"),
 ]
 
