@@ -267,8 +267,8 @@ def _serve(args: argparse.Namespace) -> int:
         )
         if not _store_ready(args.redis, args.prefix, debug=args.log_level == "debug"):
             return 1
-        app = create_app(config)
         limits = http_limits.from_args(args)
+        app = create_app(config)
     except ConfigError as exc:
         print(f"agent-cache serve: {exc}", file=sys.stderr)
         return 2

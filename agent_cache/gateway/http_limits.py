@@ -47,6 +47,10 @@ DEFAULT_TIMEOUT = 10.0
 DEFAULT_MAX_PENDING = 1024
 
 
+_FLAGS = {"max_bytes": "--max-header-bytes", "max_count": "--max-header-count", "max_line": "--max-header-line",
+          "timeout": "--header-timeout", "max_pending": "--max-pending-connections"}
+
+
 @dataclass(frozen=True)
 class HeaderLimits:
     """What one request's headers may take: bytes in all, header lines, bytes per line (the request
@@ -59,9 +63,9 @@ class HeaderLimits:
     max_pending: int = DEFAULT_MAX_PENDING
 
     def __post_init__(self) -> None:
-        for name in ("max_bytes", "max_count", "max_line", "timeout", "max_pending"):
+        for name, flag in _FLAGS.items():
             if not getattr(self, name) > 0:
-                raise ConfigError(name, f"must be positive, got {getattr(self, name)!r}")
+                raise ConfigError(flag, f"must be positive, got {getattr(self, name)!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
