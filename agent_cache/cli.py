@@ -247,7 +247,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from agent_cache.errors import ConfigError
-    from agent_cache.gateway import GatewayConfig, create_app, load_api_keys
+    from agent_cache.gateway import GatewayConfig, create_app, http_limits, load_api_keys
 
     workers: list[str | dict[str, str]] = list(args.workers or [])
     for spec in args.pool or []:
@@ -267,6 +267,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
         if not _store_ready(args.redis, args.prefix, debug=args.log_level == "debug"):
             return 1
+        limits = http_limits.from_args(args)
         app = create_app(config)
     except ConfigError as exc:
         print(f"agent-cache serve: {exc}", file=sys.stderr)
@@ -276,12 +277,14 @@ def _serve(args: argparse.Namespace) -> int:
           f"(store: {'redis' if args.redis else 'in-process'}, API keys: {keys})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.keep_alive, backlog=4096,
-                http=args.http, loop=args.loop, proxy_headers=False)  # no client address is used: skip its rewrite
+                loop=args.loop, proxy_headers=False,  # no client address is used: skip its rewrite
+                **http_limits.uvicorn_options(limits, args.http, http_limits.raise_open_file_limit()))
     return 0
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from agent_cache.gateway import config as gw
+    from agent_cache.gateway import http_limits
     from agent_cache.templates.templater import TemplateMode
 
     p = sub.add_parser("serve", help="an OpenAI-compatible gateway with sticky, template-aware routing "
@@ -320,6 +323,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--keep-alive", type=_positive(int), default=75,
                    help="seconds an idle client connection stays open (default %(default)s: longer than the "
                         "60 s idle timeout of common load balancers, so they never reuse a closed one)")
+    http_limits.add_arguments(p)
     p.add_argument("--log-level", default="warning")
     p.add_argument("--http", default="auto", choices=["auto", "httptools", "h11"],
                    help="HTTP parser (default auto: httptools, installed with agent-cache; docs/benchmarks.md)")

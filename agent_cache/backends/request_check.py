@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, Collection, Mapping, Sequence
 
+from agent_cache.backends import request_schema
 from agent_cache.backends.protocol import CHAT_FIELDS
+from agent_cache.backends.request_schema import Check, check_depth, check_types
 from agent_cache.errors import ConfigError
 
 # Fields that namespace the worker's prefix cache: the router sets them from
@@ -27,14 +29,15 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "presence_penalty": (-2.0, 2.0, True),
     "repetition_penalty": (0.0, 2.0, False),
 }
-_COUNTS = {"max_tokens": 0, "max_completion_tokens": 0, "min_tokens": 0, "n": 1, "top_logprobs": 0}
+_COUNTS = {"max_tokens": 0, "max_completion_tokens": 0, "min_tokens": 0, "n": 1, "top_logprobs": 0,
+           "max_new_tokens": 0, "min_new_tokens": 0}  # the last two: /generate's sampling_params
 _INTEGERS = ("top_k", "seed")
 
 
 def check_chat_request(
     messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any], owned: Mapping[str, str | None],
     fields: Collection[str] = CHAT_FIELDS, owner: str = "give ChatSGLang(tenant=...) instead",
-    values_checked: bool = False,
+    values_checked: bool = False, schema: Mapping[str, Check] | None = None,
 ) -> None:
     """Raise :class:`ConfigError` naming the field for a request SGLang or the router would refuse.
 
@@ -43,14 +46,17 @@ def check_chat_request(
     :data:`TENANT_FIELDS` (``None``: the field must not be set); ``fields``:
     the request fields accepted; ``owner``: how the caller picks a tenant; ``values_checked``: every
     text is known to be valid Unicode and every number finite (read by a strict JSON parser), so
-    only the fields and ranges are checked.
+    only the fields and ranges are checked; ``schema``: each field's type
+    (:mod:`~agent_cache.backends.request_schema`; by default the one of the route whose ``fields``
+    these are: chat, completions or ``/generate``).
     """
     extra = params.get("extra_body") or {}
     if not isinstance(extra, Mapping):
         raise ConfigError("extra_body", f"expected a mapping, got {type(extra).__name__}")
     unknown = sorted(str(k) for k in params if k != "extra_body" and k not in fields)
     if unknown:
-        raise ConfigError(unknown[0], f"not a chat completion field SGLang accepts (unknown: {unknown})")
+        shown = [name[:100] for name in unknown[:10]]  # bounded: the answer need not repeat a huge body
+        raise ConfigError(unknown[0][:200], f"not a chat completion field SGLang accepts (unknown: {shown})")
     for field in TENANT_FIELDS:
         for where, source in ((field, params), (f"extra_body.{field}", extra)):
             value = source.get(field)
@@ -58,28 +64,51 @@ def check_chat_request(
                 raise ConfigError(where, "set by the router from the model's tenant, so one tenant cannot reach "
                                          "another's cached prompts; " + owner)
     merged = {**{k: v for k, v in params.items() if k != "extra_body"}, **extra}
-    for name, (low, high, low_ok) in _RANGES.items():
-        value = merged.get(name)
-        if value is None:
-            continue
-        if not _is_number(value) or not math.isfinite(value):
-            raise ConfigError(name, f"expected a finite number, got {value!r}")
-        if value < low or (value == low and not low_ok) or value > high:
-            bounds = f"{'[' if low_ok else '('}{low}, {high}]"
-            raise ConfigError(name, f"must be within {bounds}, got {value!r}")
-    for name, least in _COUNTS.items():
-        value = merged.get(name)
-        if value is not None and (not _is_integer(value) or value < least):
-            raise ConfigError(name, f"expected an integer >= {least}, got {value!r}")
-    for name in _INTEGERS:
-        value = merged.get(name)
-        if value is not None and not _is_integer(value):
-            raise ConfigError(name, f"expected an integer, got {value!r}")
+    check_depth({"messages": messages, **merged})  # first: every walk below may then recurse
+    if schema is None:
+        schema = _schema_for(fields)
+    if messages:
+        schema.get("messages", request_schema.CHAT["messages"])(messages, "messages")
+    check_types(merged, schema)
+    _check_options(merged, "")
+    sampling = merged.get("sampling_params")  # /generate: the options sit there
+    for i, options in enumerate(sampling if isinstance(sampling, list) else [sampling]):
+        if isinstance(options, Mapping):
+            _check_options(options, "sampling_params." if isinstance(sampling, Mapping) else f"sampling_params[{i}].")
     if values_checked:
         return
     _check_json(messages, "messages")
     for name, value in merged.items():
         _check_json(value, str(name))
+
+
+def _check_options(values: Mapping[str, Any], prefix: str) -> None:
+    """SGLang's ranges for the sampling options in ``values`` (named ``prefix`` + the option)."""
+    for name, (low, high, low_ok) in _RANGES.items():
+        value = values.get(name)
+        if value is None:
+            continue
+        if not _is_number(value) or not math.isfinite(value):
+            raise ConfigError(prefix + name, f"expected a finite number, got {value!r}")
+        if value < low or (value == low and not low_ok) or value > high:
+            bounds = f"{'[' if low_ok else '('}{low}, {high}]"
+            raise ConfigError(prefix + name, f"must be within {bounds}, got {value!r}")
+    for name, least in _COUNTS.items():
+        value = values.get(name)
+        if value is not None and (not _is_integer(value) or value < least):
+            raise ConfigError(prefix + name, f"expected an integer >= {least}, got {value!r}")
+    for name in _INTEGERS:
+        value = values.get(name)
+        if value is not None and not _is_integer(value):
+            raise ConfigError(prefix + name, f"expected an integer, got {value!r}")
+
+
+def _schema_for(fields: Collection[str]) -> Mapping[str, Check]:
+    if "sampling_params" in fields:
+        return request_schema.GENERATE
+    if "prompt" in fields:
+        return request_schema.COMPLETIONS
+    return request_schema.CHAT
 
 
 def check_text(value: str, field: str) -> None:

@@ -19,7 +19,6 @@ import sys
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, TypeVar
-from urllib.parse import quote
 
 from prometheus_client import REGISTRY, CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 from starlette.applications import Starlette
@@ -45,6 +44,7 @@ from agent_cache.errors import (
 )
 from agent_cache.gateway.config import ApiKey, GatewayConfig, key_digest
 from agent_cache.gateway.readiness import ready_response
+from agent_cache.gateway.session_header import echoed
 from agent_cache.gateway.upstream import SentEarly, Upstream
 from agent_cache.gateway.requests import (
     CHAT,
@@ -67,7 +67,6 @@ logger = logging.getLogger("agent_cache.gateway")
 WORKER_HEADER = "x-agent-cache-worker"
 SESSION_HEADER = "x-agent-cache-session"
 POOL_HEADER = "x-agent-cache-pool"
-_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")  # printable ASCII stays as it is
 _NO_KEY = ApiKey("default")
 _PROMPT_FIELD = {CHAT: "messages", COMPLETIONS: "prompt", GENERATE: "text"}
 BODY_TIMEOUT = 60.0  # seconds a client may take to send its request body
@@ -206,7 +205,7 @@ class Gateway:
     @staticmethod
     def _headers(placement: Placement, call: GatewayCall) -> dict[str, str]:
         # a session id may hold any Unicode: percent-encoded, as an HTTP header carries Latin-1 only
-        return {WORKER_HEADER: placement.worker, SESSION_HEADER: quote(call.route.session_id, safe=_HEADER_SAFE)}
+        return {WORKER_HEADER: placement.worker, SESSION_HEADER: echoed(call.route.session_id)}
 
     # --- the proxied endpoints ----------------------------------------------------
 

@@ -19,9 +19,11 @@ from typing import Any, Callable, Mapping
 import orjson
 
 from agent_cache.backends.protocol import CHAT_FIELDS
-from agent_cache.backends.request_check import TENANT_FIELDS, check_chat_request, check_text
+from agent_cache.backends.request_check import TENANT_FIELDS, check_chat_request
+from agent_cache.backends.request_schema import check_depth
 from agent_cache.errors import ConfigError, TemplateError
 from agent_cache.gateway.config import ApiKey
+from agent_cache.gateway.session_header import session_value
 from agent_cache.routing.router import RouteRequest
 from agent_cache.templates.templater import NormalizedPrompt, Templater
 
@@ -111,6 +113,7 @@ def parse_json_body(raw: bytes) -> tuple[dict[str, Any], bool]:
         raise ConfigError("body", "JSON nested too deeply") from None
     if not isinstance(body, dict):
         raise ConfigError("body", f"expected a JSON object, got {type(body).__name__}")
+    check_depth(body)  # before any walk of it (the session's inference, the templater) can recurse
     return body, checked
 
 
@@ -118,14 +121,8 @@ def find_session(headers: Mapping[str, str], header: str, body: Mapping[str, Any
                  infer: Callable[[], str] | None) -> str:
     """The session of a request: the session header, the ``user`` field, the inferred one, or a fresh id."""
     for field, value in ((header, headers.get(header)), ("user", body.get("user"))):
-        if value is None:
-            continue
-        if not isinstance(value, str) or not value:
-            raise ConfigError(field, f"a session id must be a non-empty string, got {value!r}")
-        check_text(value, field)
-        if not value.isprintable():  # it is echoed in a response header
-            raise ConfigError(field, "a session id must not contain control characters")
-        return value
+        if value is not None:
+            return session_value(value, field, header=field == header)
     return infer() if infer is not None else f"anon-{uuid.uuid4().hex}"
 
 

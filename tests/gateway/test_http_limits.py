@@ -1,0 +1,283 @@
+"""Request header limits of ``agent-cache serve`` (size, count, line, read timeout, pending
+connections), through the real gateway process with either HTTP parser, and session ids in headers."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+from typing import Iterator
+
+import httpx
+import pytest
+
+from agent_cache.bench.realfleet import AgentCacheGateways, Processes, free_port, wait_until
+from agent_cache.sim import SimFleet
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+TRICKLE = HEAD + b"x-a: " + b"b" * 1000  # valid header bytes, sent one a second
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[SimFleet]:
+    with SimFleet(1) as f:
+        yield f
+
+
+@pytest.fixture
+def procs() -> Iterator[Processes]:
+    with Processes() as p:
+        yield p
+
+
+def _gateway(procs: Processes, fleet: SimFleet, *args: str) -> str:
+    return AgentCacheGateways(procs, fleet.urls, args=list(args)).urls[0]
+
+
+def _port(url: str) -> int:
+    return httpx.URL(url).port or 80
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+JSON = json.dumps(BODY).encode()
+
+
+def _response(sock: socket.socket) -> bytes:
+    """One whole response (content-length framed) read from a kept-alive connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before a whole response")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return head
+
+
+def _answer(sock: socket.socket, timeout: float) -> bytes:
+    """What the gateway sends before it closes the connection (b"" for a close without an answer)."""
+    sock.settimeout(timeout)
+    out = b""
+    try:
+        while chunk := sock.recv(65536):
+            out += chunk
+    except ConnectionResetError:
+        pass
+    return out
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_header_limits_answer_431_naming_the_header(procs, fleet, http):
+    url = _gateway(procs, fleet, "--http", http) + "/v1/chat/completions"
+    with httpx.Client(timeout=10) as client:
+        assert client.post(url, json=BODY, headers={f"x-h{i}": "v" for i in range(80)}).status_code == 200
+        r = client.post(url, json=BODY, headers={f"x-h{i}": "v" for i in range(101)})
+        assert r.status_code == 431 and r.json()["error"]["code"] == "header_too_large"
+        r = client.post(url, json=BODY, headers={"x-big": "v" * 17_000})
+        assert r.status_code == 431 and r.json()["error"]["param"] == "x-big"
+        r = client.post(url + "?q=" + "a" * 17_000, json=BODY)
+        assert r.status_code == 431 and r.json()["error"]["param"] == "url"
+        r = client.post(url, json=BODY, headers={f"x-b{i}": "v" * 8_000 for i in range(9)})  # 72 KB in all
+        assert r.status_code == 431 and "65536" in r.json()["error"]["message"]
+        assert client.post(url, json=BODY, headers={f"x-b{i}": "v" * 8_000 for i in range(7)}).status_code == 200
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_flagged_limits_apply(procs, fleet, http):
+    url = _gateway(procs, fleet, "--http", http, "--max-header-bytes", "2000", "--max-header-count", "8",
+                   "--max-header-line", "300") + "/v1/chat/completions"
+    with httpx.Client(timeout=10) as client:
+        assert client.post(url, json=BODY).status_code == 200  # httpx sends 7 headers
+    raw = HEAD + b"connection: close\r\ncontent-length: 2\r\n\r\n{}"
+    with socket.create_connection(("127.0.0.1", _port(url))) as s:  # 4 headers: 400 for the body, not 431
+        s.sendall(raw)
+        assert _answer(s, 5).startswith(b"HTTP/1.1 400")
+    for extra, param in ((b"x-a: b\r\n" * 6, b'"param": null'), (b"x-long: " + b"v" * 300 + b"\r\n", b"x-long")):
+        with socket.create_connection(("127.0.0.1", _port(url))) as s:
+            s.sendall(HEAD + extra + b"content-length: 2\r\n\r\n{}")
+            answer = _answer(s, 5)
+            assert answer.startswith(b"HTTP/1.1 431") and param in answer
+
+
+@pytest.mark.parametrize("http", ["auto", "h11"])
+def test_huge_headers_are_refused_before_they_are_buffered(procs, fleet, http):
+    gw = AgentCacheGateways(procs, fleet.urls, args=["--http", http])
+    pid, port = gw.procs[0].pid, _port(gw.urls[0])
+    httpx.post(gw.urls[0] + "/v1/chat/completions", json=BODY, timeout=10)
+    before = _rss_mb(pid)
+    sent, answers = [0] * 10, [b""] * 10
+    chunk = b"a" * (1 << 20)
+
+    def attack(i: int) -> None:  # a 100 MB x-session-id, as fast as the gateway takes it
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            try:
+                s.sendall(HEAD + b"x-session-id: ")
+                for _ in range(100):
+                    s.sendall(chunk)
+                    sent[i] += len(chunk)
+            except OSError:  # closed by the gateway
+                pass
+            answers[i] = _answer(s, 5)
+
+    threads = [threading.Thread(target=attack, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    grown = _rss_mb(pid) - before
+    assert grown < 20, f"RSS grew {grown:.0f} MB"
+    assert all(n < 100 * len(chunk) for n in sent), sent  # every one was cut off
+    assert all(a == b"" or a.startswith(b"HTTP/1.1 431") for a in answers)
+    assert httpx.post(gw.urls[0] + "/v1/chat/completions", json=BODY, timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_header_read_timeout_and_idle_keep_alive(procs, fleet, http):
+    url = _gateway(procs, fleet, "--http", http, "--header-timeout", "1.5")
+    port = _port(url)
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port)) as slow, socket.create_connection(("127.0.0.1", port)) as mute:
+        slow.sendall(HEAD)
+        assert _answer(slow, 10).startswith(b"HTTP/1.1 408")
+        assert _answer(mute, 10) == b""  # a connection that never spoke: closed without an answer
+    assert 1.4 < time.monotonic() - started < 5
+    with socket.create_connection(("127.0.0.1", port)) as s:  # an idle kept-alive connection is not a slow request
+        s.settimeout(10)
+        for pause in (0, 2.5):
+            time.sleep(pause)
+            s.sendall(HEAD + b"content-length: %d\r\n\r\n%s" % (len(JSON), JSON))
+            assert _response(s).startswith(b"HTTP/1.1 200")
+    with socket.create_connection(("127.0.0.1", port)) as s:  # a byte a second restarts nothing
+        s.settimeout(10)
+        t0 = time.monotonic()
+        try:
+            for b in HEAD:
+                s.sendall(bytes([b]))
+                time.sleep(0.25)
+        except OSError:
+            pass
+        assert _answer(s, 10).startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 4
+
+
+def test_slow_header_connections_do_not_starve_calls(procs, fleet):
+    """The slowloris case at a small scale: a gateway with 256 file descriptors, 400 connections
+    sending headers at a byte a second (reopened when closed, as an attacker does) and legitimate
+    calls at the same time. Without the pending-connection cap the slow ones hold every descriptor
+    (0 of 40 calls succeed)."""
+    port = free_port()
+    argv = ["prlimit", "--nofile=256:256", sys.executable, "-m", "agent_cache.cli", "serve", "--workers",
+            fleet.urls[0], "--port", str(port), "--max-pending-connections", "50", "--header-timeout", "60"]
+    proc = procs.start("gateway", argv)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(url + "/health", timeout=2).status_code == 200, [proc], "gateway", timeout=60)
+    stop = threading.Event()
+    opened = [0]
+
+    def slowloris() -> None:
+        socks: dict[socket.socket, int] = {}  # connection -> header bytes sent
+        while not stop.is_set():
+            while len(socks) < 400 and not stop.is_set():
+                try:
+                    socks[socket.create_connection(("127.0.0.1", port), timeout=1)] = 0
+                    opened[0] += 1
+                except OSError:
+                    break
+            for s, n in list(socks.items()):
+                try:
+                    s.send(TRICKLE[n:n + 1])
+                    socks[s] = n + 1
+                except OSError:
+                    del socks[s]
+                    s.close()
+            stop.wait(1.0)
+        for s in socks:
+            s.close()
+
+    attacker = threading.Thread(target=slowloris)
+    attacker.start()
+    try:
+        time.sleep(3)
+        ok = 0
+        with httpx.Client(timeout=3) as client:  # the header timeout (60 s) does not come into it
+            for _ in range(40):
+                try:
+                    ok += client.post(url + "/v1/chat/completions", json=BODY,
+                                      headers={"connection": "close"}).status_code == 200
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+    finally:
+        stop.set()
+        attacker.join(30)
+    assert opened[0] > 400  # the attacker's connections were closed and reopened
+    assert ok >= 38, f"{ok} of 40 calls succeeded"
+
+
+def test_idle_kept_alive_connections_do_not_starve_calls(procs, fleet):
+    """300 connections that each made a call and stay idle (kept alive), on a gateway with 256 file
+    descriptors: past half of them the oldest idle ones are closed, so new calls are served. Without
+    that, the idle ones hold every descriptor for --keep-alive (75 s) and no call is served."""
+    port = free_port()
+    argv = ["prlimit", "--nofile=256:256", sys.executable, "-m", "agent_cache.cli", "serve", "--workers",
+            fleet.urls[0], "--port", str(port)]
+    proc = procs.start("gateway", argv)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(url + "/health", timeout=2).status_code == 200, [proc], "gateway", timeout=60)
+    idle: list[socket.socket] = []
+    try:
+        unanswered = 0
+        while len(idle) < 300 and unanswered < 3:
+            s = socket.create_connection(("127.0.0.1", port), timeout=1)
+            idle.append(s)
+            try:
+                s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+                _response(s)
+            except OSError:  # not accepted (no descriptor left), or closed at once: kept on this side
+                unanswered += 1
+        ok = 0
+        with httpx.Client(timeout=3) as client:
+            for _ in range(20):
+                try:
+                    ok += client.post(url + "/v1/chat/completions", json=BODY,
+                                      headers={"connection": "close"}).status_code == 200
+                except httpx.HTTPError:
+                    pass
+        assert ok == 20, f"{ok} of 20 calls succeeded"
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_session_ids_in_headers_are_utf8_and_echoes_bounded(procs, fleet):
+    url = _gateway(procs, fleet) + "/v1/chat/completions"
+    with httpx.Client(timeout=10) as client:
+        for session in ("sess-é", "会话"):
+            by_header = client.post(url, json=BODY, headers=[(b"x-session-id", session.encode())])
+            by_user = client.post(url, json={**BODY, "user": session})
+            assert by_header.status_code == by_user.status_code == 200, by_header.text
+            assert by_header.headers["x-agent-cache-session"] == by_user.headers["x-agent-cache-session"]
+        # a control character in a header: the HTTP parser refuses the request itself
+        assert client.post(url, json=BODY, headers=[(b"x-session-id", b"a\x01b")]).status_code == 400
+        r = client.post(url, json=BODY, headers=[(b"x-session-id", b"\xff\xfe")])
+        assert r.status_code == 400 and r.json()["error"]["param"] == "x-session-id"
+        r = client.post(url, json={**BODY, "user": "a\u0085b"})  # a C1 control (NEL)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "user"
+        long_id = "é" * 1_000_000
+        r = client.post(url, json={**BODY, "user": long_id})
+        echoed = r.headers["x-agent-cache-session"]
+        assert r.status_code == 200 and echoed.startswith("sha256:") and len(echoed) == 71
+        r = client.post(url, json=BODY, headers=[(b"x-session-id", long_id[:5_000].encode())])
+        assert r.status_code == 200 and len(r.headers["x-agent-cache-session"]) == 71
