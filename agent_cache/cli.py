@@ -298,7 +298,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--prefix", default="agent-cache", help="key prefix of the deployment (default agent-cache)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-keys", metavar="FILE", help="'KEY TENANT [POOL]' per line; calls then need a key")
+    p.add_argument("--api-keys", metavar="FILE",
+                   help="'KEY TENANT [POOL] [rpm= tpm= role= pools= allow=]' per line; calls then need a key")
     p.add_argument("--session-header", default=gw.DEFAULT_SESSION_HEADER,
                    help=f"header naming a call's session (default {gw.DEFAULT_SESSION_HEADER})")
     p.add_argument("--templates", default=TemplateMode.SYSTEM.value, choices=[m.value for m in TemplateMode],

@@ -42,7 +42,8 @@ from agent_cache.errors import (
     StreamError,
     WorkerTimeoutError,
 )
-from agent_cache.gateway.config import ApiKey, GatewayConfig, key_digest
+from agent_cache.gateway.config import GatewayConfig
+from agent_cache.gateway.keys import ApiKey, key_digest
 from agent_cache.gateway.readiness import ready_response
 from agent_cache.gateway.session_header import echoed
 from agent_cache.gateway.upstream import SentEarly, Upstream

@@ -1,15 +1,13 @@
-"""The gateway's options and its API keys file."""
+"""The gateway's options."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from agent_cache.backends.request_check import TENANT_FIELDS
 from agent_cache.errors import ConfigError
-from agent_cache.routing.config import check_tenant
+from agent_cache.gateway.keys import ApiKey
 from agent_cache.routing.first_byte import DEFAULT_FLOOR
 from agent_cache.store.base import DEFAULT_PREFIX
 from agent_cache.templates.templater import TemplateMode
@@ -21,49 +19,6 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # a 128k-token prompt is ~0.5 MB; ima
 NOT_PASSED_THROUGH = frozenset(TENANT_FIELDS) | {"messages", "prompt", "text", "input_ids", "tools", "stream",
                                                  "stream_options", "user", "rid", "custom_logit_processor"}
 DEFAULT_TIMEOUT = 600.0  # seconds a worker may take to answer (non-streaming) or to send its next bytes
-
-
-@dataclass(frozen=True)
-class ApiKey:
-    """What one bearer key grants: the tenant whose cache namespace its calls use, and a pool."""
-
-    tenant: str
-    pool: str | None = None
-
-
-def key_digest(key: str) -> str:
-    """Keys are held and compared as digests: a dict lookup then leaks no timing about the key."""
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def load_api_keys(path: str | Path) -> dict[str, ApiKey]:
-    """Parse an API keys file: one ``KEY TENANT [POOL]`` per line; ``#`` starts a comment.
-
-    Returns key digest -> :class:`ApiKey`. Errors name the line, never the key.
-    """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError("api_keys", f"cannot read {path}: {exc}") from None
-    keys: dict[str, ApiKey] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        parts = line.split("#", 1)[0].split()
-        if not parts:
-            continue
-        if len(parts) not in (2, 3):
-            raise ConfigError("api_keys", f"{path}:{number}: expected 'KEY TENANT [POOL]', got {len(parts)} fields")
-        key, tenant = parts[0], parts[1]
-        try:
-            check_tenant(tenant)
-        except ConfigError as exc:
-            raise ConfigError("api_keys", f"{path}:{number}: {exc}") from None
-        digest = key_digest(key)
-        if digest in keys:
-            raise ConfigError("api_keys", f"{path}:{number}: this key is already given on an earlier line")
-        keys[digest] = ApiKey(tenant, parts[2] if len(parts) == 3 else None)
-    if not keys:
-        raise ConfigError("api_keys", f"{path} holds no key; leave --api-keys out to serve without keys")
-    return keys
 
 
 @dataclass(frozen=True)

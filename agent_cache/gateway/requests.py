@@ -22,7 +22,7 @@ from agent_cache.backends.protocol import CHAT_FIELDS
 from agent_cache.backends.request_check import TENANT_FIELDS, check_chat_request
 from agent_cache.backends.request_schema import check_depth
 from agent_cache.errors import ConfigError, TemplateError
-from agent_cache.gateway.config import ApiKey
+from agent_cache.gateway.keys import ApiKey
 from agent_cache.gateway.session_header import session_value
 from agent_cache.routing.router import RouteRequest
 from agent_cache.templates.templater import NormalizedPrompt, Templater

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from agent_cache.errors import ConfigError
-from agent_cache.gateway.config import ApiKey
+from agent_cache.gateway.keys import ApiKey
 from agent_cache.gateway.requests import COMPLETIONS, parse_json_body, prepare
 
 
