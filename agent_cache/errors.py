@@ -37,10 +37,14 @@ class BackendError(AgentCacheError):
     """A call to one SGLang worker failed.
 
     ``url`` is the worker; ``retryable`` says whether the same request sent to
-    another worker (or later) may succeed.
+    another worker (or later) may succeed. ``request_fault`` says the request
+    itself caused it (a 4xx, an answer that does not match what was asked, a
+    5xx a second worker reproduced): answered to the caller, never counted
+    against a worker (breakers, passive health, pin moves).
     """
 
     retryable: bool = False
+    request_fault: bool = False
 
     def __init__(
         self,
@@ -57,6 +61,16 @@ class BackendError(AgentCacheError):
         # langchain-core's ModelError reads ``is_retryable``.
         self.is_retryable = self.retryable
         super().__init__(f"{message} (worker {url})")
+
+    @property
+    def second_opinion(self) -> bool:
+        """Whether only a second worker can tell who caused this: a 5xx the request may have provoked."""
+        return False
+
+    def blame_request(self) -> None:
+        """A second worker answered the same request the same way: the request's fault, not retried."""
+        self.request_fault = True
+        self.retryable = self.is_retryable = False
 
 
 class WorkerConnectionError(BackendError, ModelConnectionError):
@@ -79,6 +93,7 @@ class WorkerBadRequestError(WorkerHTTPError, ModelInvalidRequestError):
     """HTTP 4xx: the request itself is wrong; another worker would refuse it too."""
 
     retryable = False
+    request_fault = True
 
 
 class ContextLengthError(WorkerBadRequestError, ContextOverflowError):
@@ -96,11 +111,24 @@ class WorkerServerError(WorkerHTTPError, ModelAPIError):
 
     retryable = True
 
+    @property
+    def second_opinion(self) -> bool:
+        # 502, 503 and 504 say the worker (or a proxy before it) cannot serve now, whatever was asked
+        return not self.request_fault and self.status not in (502, 503, 504)
+
 
 class MalformedResponseError(BackendError, ModelAPIError):
     """The worker's answer is not the JSON shape SGLang documents."""
 
     retryable = True
+
+
+class ResponseMismatchError(BackendError, ModelInvalidRequestError):
+    """The worker answered well-formed, but not what the request asked for (a JSON body where a stream
+    was asked): an option of the request changed the answer's kind; another worker would do the same."""
+
+    retryable = False
+    request_fault = True
 
 
 class WorkerAbortedError(BackendError, ModelAPIError):

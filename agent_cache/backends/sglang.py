@@ -31,6 +31,7 @@ from agent_cache.backends.protocol import (
 from agent_cache.errors import (
     BackendError,
     ConfigError,
+    ResponseMismatchError,
     StreamError,
     WorkerConnectionError,
     WorkerTimeoutError,
@@ -168,6 +169,7 @@ class SGLangClient(_Base):
                 if response.status_code >= 400:
                     response.read()
                     self._check(response)
+                _check_stream(response, self.base_url)
                 yield self._lines(response)
         except httpx.HTTPError as exc:
             raise self._map_transport(exc) from exc
@@ -343,6 +345,7 @@ class AsyncSGLangClient(_Base):
                 if response.status_code >= 400:
                     await response.aread()
                     self._check(response)
+                _check_stream(response, self.base_url)
                 try:
                     async for line in response.aiter_lines():
                         yield line
@@ -462,3 +465,10 @@ class AsyncSGLangClient(_Base):
 
 
 __all__ = ["SGLangClient", "AsyncSGLangClient", "normalize_worker_url", "DEFAULT_TIMEOUT"]
+
+
+def _check_stream(response: httpx.Response, url: str) -> None:
+    """A JSON body where a stream was asked: an option of the request made the worker answer whole."""
+    if response.headers.get("content-type", "").startswith("application/json"):
+        raise ResponseMismatchError("the worker answered a streamed request with a JSON body", url=url,
+                                    status=response.status_code)

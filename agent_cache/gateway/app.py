@@ -35,6 +35,7 @@ from agent_cache.errors import (
     MalformedResponseError,
     NoHealthyWorkerError,
     RequestRejectedError,
+    ResponseMismatchError,
     RoutingError,
     StoreError,
     StoreRefusedError,
@@ -129,6 +130,10 @@ def _error_for(exc: BaseException, path: str = CHAT) -> JSONResponse:
             return error_response(400, str(exc), param=_PROMPT_FIELD[path], code="context_length_exceeded")
         if exc.status is not None and 400 <= exc.status < 500:
             return error_response(exc.status, str(exc), code="worker_rejected")
+        if isinstance(exc, ResponseMismatchError):
+            return error_response(400, str(exc), code="worker_response_mismatch")
+        if exc.request_fault and exc.status is not None:  # a second worker answered the same: the worker's status
+            return error_response(exc.status, str(exc), code="worker_error_reproduced")
         if isinstance(exc, WorkerTimeoutError):
             return error_response(504, str(exc), code="worker_timeout")
         return error_response(502, str(exc), code="worker_error")
@@ -271,6 +276,9 @@ class Gateway:
                 raw = await self.upstream.answer(sent)
             else:
                 raw = await self.upstream.post(placement.worker, call.path, call.body)
+            if raw.startswith(b"data:"):  # an event stream: an option of the request asked for it
+                raise ResponseMismatchError("the worker answered a whole request with a stream",
+                                            url=placement.worker, status=200)
             usage = _usage_of(_json_object(raw, placement.worker), call.path)
             answered = True  # succeeded: nothing is retried, and a client leaving now cancels nothing
             await _send_json(send, raw, self._headers(placement, call))
@@ -353,6 +361,9 @@ class Gateway:
                                     and b'"choices":[]' in payload.replace(b" ", b"")):
                                 continue  # the usage chunk the gateway asked for on the client's behalf
                     elif not attempt.delivered and not event:
+                        if line.lstrip().startswith(b"{"):  # a whole JSON answer: an option asked for it
+                            raise ResponseMismatchError("the worker answered a streamed request with a JSON "
+                                                        "body", url=worker, status=200)
                         if line.strip() and not line.startswith(b":"):
                             raise MalformedResponseError("the stream is not server-sent events", url=worker)
                         continue  # blank lines before the first event: nothing to pass on yet

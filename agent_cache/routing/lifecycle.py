@@ -40,10 +40,12 @@ _JITTER = random.Random()  # backoff jitter only: no secret, so not the secrets 
 
 @dataclass(frozen=True)
 class Choose:
-    """Route the call, avoiding ``exclude``; with ``last_resort``, a worker even if none is healthy."""
+    """Route the call, avoiding ``exclude``; with ``last_resort``, a worker even if none is healthy; with
+    ``second_opinion``, another healthy worker outside the store (the session's pin stays)."""
 
     exclude: frozenset[str]
     last_resort: bool
+    second_opinion: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,11 +57,22 @@ class Send:
 
 @dataclass(frozen=True)
 class Settle:
-    """The attempt ended: release its in-flight count, then feed back its usage or its failure."""
+    """The attempt ended: release its in-flight count, then feed back its usage or its failure (with
+    ``judged`` false the failure is held back from passive health until a second opinion)."""
 
     placement: Placement
     error: BaseException | None
     usage: Usage | None
+    judged: bool = True
+
+
+@dataclass(frozen=True)
+class Judge:
+    """The verdict on a failure held back for a second opinion: the worker's own (fed to passive health),
+    or, with ``error.request_fault``, the request's (the worker is not blamed)."""
+
+    placement: Placement
+    error: BackendError
 
 
 @dataclass(frozen=True)
@@ -67,7 +80,7 @@ class Backoff:
     seconds: float
 
 
-Step = Union[Choose, Send, Settle, Backoff]
+Step = Union[Choose, Send, Settle, Judge, Backoff]
 
 
 @dataclass
@@ -98,6 +111,12 @@ def backoff_seconds(base: float, attempt: int, rng: random.Random = _JITTER) -> 
     return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
 
 
+def reproduced(first: BackendError, second: BaseException | None) -> bool:
+    """Whether ``second`` (another worker's answer to the same request) is the same failure as ``first``."""
+    return (isinstance(second, BackendError) and type(second) is type(first) and second.status == first.status
+            and not second.request_fault)
+
+
 def call_flow(workers: Sequence[str], *, max_attempts: int, backoff: float = 0.0,
               last_resort: bool = False) -> Generator[Step, Any, tuple[Any, Placement]]:
     """The decisions of one call; returns ``(value, placement)`` of the attempt that succeeded.
@@ -105,23 +124,48 @@ def call_flow(workers: Sequence[str], *, max_attempts: int, backoff: float = 0.0
     ``max_attempts``: tries in all; ``backoff``: seconds before the second
     try, doubling after each, jittered by :func:`backoff_seconds`; ``last_resort``: after a failure, try a worker
     even when none is healthy (breakers open on evidence that may be stale).
+
+    A failure the request may have caused (a 5xx other than 502/503/504) gets a second opinion: the next
+    attempt goes at once to one other healthy worker, outside the store (no pin moves), and the first
+    worker is judged only once that answer is in. The same failure again is the request's fault
+    (:meth:`~agent_cache.errors.BackendError.blame_request`): raised at once, neither worker blamed.
+    A request's fault (``request_fault``) is never retried.
     """
     exclude: frozenset[str] = frozenset()
     last: BaseException | None = None
+    held: tuple[Placement, BackendError] | None = None  # a failure awaiting its second opinion
+    asked = False  # one second opinion per call
     for n in range(max_attempts):
         try:
-            placement = yield Choose(exclude, last_resort=last_resort and n > 0)
+            placement = yield Choose(exclude, last_resort=last_resort and n > 0 and held is None,
+                                     second_opinion=held is not None)
         except NoHealthyWorkerError:
+            if held is not None:  # nobody to ask: the held failure counts as it would have
+                yield Judge(*held)
             if last is not None:
                 raise last from None
             raise
         attempt: Attempt = yield Send(placement)
-        yield Settle(placement, attempt.error, attempt.usage)
-        if attempt.error is None:
+        error = attempt.error
+        if held is not None:
+            first, held = held, None
+            if isinstance(error, BackendError) and not attempt.delivered and reproduced(first[1], error):
+                first[1].blame_request()
+                error.blame_request()
+            yield Judge(*first)
+        if (isinstance(error, BackendError) and error.second_opinion and not asked and not attempt.delivered
+                and n + 1 < max_attempts):
+            asked = True
+            yield Settle(placement, error, attempt.usage, judged=False)
+            held, last = (placement, error), error
+            exclude = next_exclude(exclude, placement.worker, workers)
+            continue
+        yield Settle(placement, error, attempt.usage)
+        if error is None:
             return attempt.value, placement
-        if attempt.delivered or not retryable(attempt.error) or n + 1 == max_attempts:
-            raise attempt.error
-        last = attempt.error
+        if attempt.delivered or not retryable(error) or n + 1 == max_attempts:
+            raise error
+        last = error
         exclude = next_exclude(exclude, placement.worker, workers)
         if backoff > 0:
             yield Backoff(backoff_seconds(backoff, n))
@@ -140,10 +184,15 @@ class Routes(Protocol):
 
     def last_resort(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = ...) -> Placement: ...
 
-    def settle(self, placement: Placement, error: BaseException | None = ..., usage: Usage | None = ...) -> None: ...
+    def second_opinion(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = ...) -> Placement: ...
+
+    def settle(self, placement: Placement, error: BaseException | None = ..., usage: Usage | None = ..., *,
+               judged: bool = ...) -> None: ...
 
     async def asettle(self, placement: Placement, error: BaseException | None = ...,
-                      usage: Usage | None = ...) -> None: ...
+                      usage: Usage | None = ..., *, judged: bool = ...) -> None: ...
+
+    def judge(self, placement: Placement, error: BackendError) -> None: ...
 
 
 # --- the runners ------------------------------------------------------------------------
@@ -170,12 +219,16 @@ class CallLifecycle:
 
     def _choose(self, step: Choose) -> tuple[Placement | None, BaseException | None]:
         try:
+            if step.second_opinion:
+                return self.router.second_opinion(self.request, exclude=step.exclude), None
             return self.router.route(self.request, exclude=step.exclude), None
         except NoHealthyWorkerError as exc:
             return self._last_resort(step, exc)
 
     async def _achoose(self, step: Choose) -> tuple[Placement | None, BaseException | None]:
         try:
+            if step.second_opinion:
+                return self.router.second_opinion(self.request, exclude=step.exclude), None
             return await self.router.aroute(self.request, exclude=step.exclude), None
         except NoHealthyWorkerError as exc:
             return self._last_resort(step, exc)
@@ -210,7 +263,9 @@ class CallLifecycle:
                 except BaseException as exc:  # settled first; the flow re-raises what it does not retry
                     attempt.error = exc
             elif isinstance(step, Settle):
-                self.router.settle(step.placement, step.error, step.usage)
+                self.router.settle(step.placement, step.error, step.usage, judged=step.judged)
+            elif isinstance(step, Judge):
+                self.router.judge(step.placement, step.error)
             else:
                 time.sleep(step.seconds)
 
@@ -233,7 +288,9 @@ class CallLifecycle:
                 finally:
                     await items.aclose()  # as ``yield from`` closes a sync sender
             elif isinstance(step, Settle):
-                await self.router.asettle(step.placement, step.error, step.usage)
+                await self.router.asettle(step.placement, step.error, step.usage, judged=step.judged)
+            elif isinstance(step, Judge):
+                self.router.judge(step.placement, step.error)
             else:
                 await asyncio.sleep(step.seconds)
 

@@ -12,7 +12,7 @@ from agent_cache.backends.sglang import SGLangClient
 from agent_cache.errors import BackendError, WorkerTimeoutError
 from agent_cache.routing.config import WorkerConfig
 from agent_cache.routing.degraded import logger
-from agent_cache.routing.health import HealthTracker
+from agent_cache.routing.health import CLOSED, HealthTracker
 from agent_cache.routing.metrics import RouterMetrics
 
 
@@ -74,9 +74,9 @@ class Prober:
                 logger.warning("worker %s failed its health probe: %s", w.url, exc)
             self.metrics.healthy.labels(w.url).set(0)
             return
-        if self.health.success(w.url):
+        if self.health.success(w.url, probe=True):
             logger.warning("worker %s healthy again", w.url)
-        self.metrics.healthy.labels(w.url).set(1)
+        self.metrics.healthy.labels(w.url).set(1 if self.health.state(w.url) == CLOSED else 0)
         if w.url not in self.capacity:
             try:  # metadata is not health: a worker without the route is still up
                 cap = client.server_info().get("max_total_num_tokens")

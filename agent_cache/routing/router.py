@@ -41,7 +41,7 @@ from agent_cache.routing.config import (
 from agent_cache.routing.degraded import StoreAvailability, logger
 from agent_cache.placement.hashing import pool_for_session, rendezvous_pick
 from agent_cache.routing.first_byte import DEFAULT_FACTOR, DEFAULT_FLOOR, FirstByteDeadlines
-from agent_cache.routing.health import HealthTracker
+from agent_cache.routing.health import CLOSED, HealthTracker
 from agent_cache.routing.lifecycle import CallLifecycle
 from agent_cache.routing.metrics import RouterMetrics
 from agent_cache.routing.outbox import Outbox
@@ -69,8 +69,8 @@ DEFAULT_PROBE_TIMEOUT = 5.0  # SGLang's /health takes >= 1 s (a one-token genera
 DEFAULT_RELEASE_DELAY = 0.01
 # How long a router's in-flight counts stand in a shared store without renewal:
 # a client killed mid-call stops renewing, and its counts are reclaimed this
-# long after its last write. Routers renew every lease / 3 while calls run.
-DEFAULT_LEASE = 30.0
+# long after its last write. Routers renew every lease / 3 (2 s) while calls run.
+DEFAULT_LEASE = 6.0
 
 __all__ = ["DEFAULT_CAPACITY", "DEFAULT_LEASE", "DEFAULT_PROBE_TIMEOUT", "DEFAULT_RELEASE_DELAY", "Placement",
            "RouteRequest", "Router"]
@@ -214,10 +214,16 @@ class Router:
 
     # --- routing --------------------------------------------------------------------
 
-    def _specs(self, pool: str, exclude: set[str]) -> tuple[WorkerSpec, ...]:
+    def _specs(self, pool: str, exclude: set[str], trials: set[str] | None = None) -> tuple[WorkerSpec, ...]:
+        """The pool's workers as routes see them; with ``trials``, a half-open worker's trial slot may be
+        offered to this route (added to ``trials``: the caller releases those it does not use)."""
         version = self._config_version  # read before the workers: a change in between is never kept
         workers = self._workers
-        down = self.health.down(w.url for w in workers)
+        if trials is None:
+            down = self.health.down(w.url for w in workers if w.pool == pool)
+        else:
+            down, offered = self.health.unavailable(w.url for w in workers if w.pool == pool)
+            trials |= offered
         key = (pool, frozenset(exclude) if exclude else None, frozenset(down) if down else None,
                version, self.default_capacity)
         specs = self._specs_memo.get(key)
@@ -239,18 +245,23 @@ class Router:
             out.append(WorkerSpec(w.url, state, self._capacity.get(w.url, self.default_capacity)))
         return tuple(out)
 
-    def _query(self, request: RouteRequest, exclude: set[str]) -> RouteQuery:
+    def _query(self, request: RouteRequest, exclude: set[str], trials: set[str] | None = None) -> RouteQuery:
         if not isinstance(request.session_id, str) or not request.session_id:
             raise ConfigError("session_id", "a non-empty session id is needed to route")
         check_tenant(request.tenant)
         pool = self.pool_for(request)
         return RouteQuery(
             request.tenant, session_key(request.session_id), request.template_id, pool,
-            self._specs(pool, exclude), request.prompt_tokens_estimate,
+            self._specs(pool, exclude, trials), request.prompt_tokens_estimate,
         )  # fmt: skip
 
     def _degraded(self, request: RouteRequest, query: RouteQuery) -> Placement:
-        worker = rendezvous_pick(query.session_id, [w.url for w in query.workers if w.state == UP])
+        """Without the store: the worker this process last used for the session, if it can take the call
+        (the session keeps its cache through a store outage); else the rendezvous hash's pick."""
+        up = [w.url for w in query.workers if w.state == UP]
+        worker = self.recent.get(request.tenant, request.session_id)
+        if worker not in up:
+            worker = rendezvous_pick(query.session_id, up)
         if worker is None:
             raise NoHealthyWorkerError(f"no healthy worker in pool {query.pool!r}")
         return self._placed(request, query, worker, "degraded", 0)
@@ -266,7 +277,19 @@ class Router:
         self.outbox.renew()
 
     def _route(self, request: RouteRequest, exclude: set[str] | frozenset[str]) -> Flow[Placement]:
-        query = self._query(request, set(exclude))
+        trials: set[str] = set()
+        chosen = ""
+        try:
+            placement = yield from self._route_with(request, exclude, trials)
+            chosen = placement.worker
+            return placement
+        finally:
+            if trials - {chosen}:
+                self.health.release(trials - {chosen})
+
+    def _route_with(self, request: RouteRequest, exclude: set[str] | frozenset[str],
+                    trials: set[str]) -> Flow[Placement]:
+        query = self._query(request, set(exclude), trials)
         if self.availability.should_try():
             releases = self.outbox.pending.take()
             t0 = time.perf_counter()
@@ -327,6 +350,16 @@ class Router:
         query = self._query(request, set(exclude))
         return self._placed(request, query, worker, "last_resort", 0)
 
+    def second_opinion(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = frozenset()) -> Placement:
+        """Another healthy worker of the pool for a call whose failure may be the request's fault; not
+        recorded in the store, so the session's pin stays where it is whatever the answer."""
+        query = self._query(request, set(exclude))
+        closed = [w.url for w in query.workers if w.state == UP and self.health.state(w.url) == CLOSED]
+        worker = rendezvous_pick(query.session_id, closed)
+        if worker is None:
+            raise NoHealthyWorkerError(f"no other healthy worker in pool {query.pool!r}")
+        return self._placed(request, query, worker, "second_opinion", 0)
+
     def _done(self, placement: Placement) -> Flow[None]:
         self.metrics.child(self.metrics.inflight, placement.worker).dec()
         if placement.outcome not in STORELESS and self.outbox.release(placement.worker):
@@ -334,6 +367,7 @@ class Router:
 
     def done(self, placement: Placement) -> None:
         """The call finished (either way): release its in-flight count (see ``release_delay``)."""
+        self.health.release((placement.worker,))
         run(self.store, self._done(placement))
 
     def flush(self) -> None:
@@ -373,39 +407,56 @@ class Router:
 
     def failed(self, placement: Placement, exc: BackendError) -> None:
         """Passive health: a real call on ``placement.worker`` failed with a retryable error."""
-        # A refused connection is proof enough; other errors must repeat to open the breaker.
-        if self.health.failure(placement.worker, hard=isinstance(exc, WorkerConnectionError)):
+        # A refused connection is proof enough; other errors must repeat to open the breaker, and open
+        # no more than the pool's share of breakers (see agent_cache.routing.health)
+        pool = [w.url for w in self._workers if w.pool == placement.pool]
+        if self.health.failure(placement.worker, hard=isinstance(exc, WorkerConnectionError), pool=pool):
             logger.warning("worker %s marked unhealthy: %s", placement.worker, exc)
             self.metrics.healthy.labels(placement.worker).set(0)
         self.metrics.failovers.labels(placement.worker).inc()
+
+    def judge(self, placement: Placement, error: BackendError) -> None:
+        """The verdict on a failure settled unjudged (held for a second opinion): passive health if it was
+        the worker's own, else nothing (a half-open worker's trial slot is free again)."""
+        if error.request_fault:
+            self.health.release((placement.worker,))
+        else:
+            self.failed(placement, error)
 
     def succeeded(self, placement: Placement) -> None:
         """Passive health: a real call on ``placement.worker`` succeeded."""
         if self.health.success(placement.worker):
             self.metrics.healthy.labels(placement.worker).set(1)
 
-    def _settle(self, placement: Placement, error: BaseException | None, usage: Usage | None) -> Flow[None]:
+    def _settle(self, placement: Placement, error: BaseException | None, usage: Usage | None,
+                judged: bool) -> Flow[None]:
         yield from self._done(placement)
-        self._remember(placement, error)
+        blamed = judged and isinstance(error, BackendError) and error.retryable and not error.request_fault
+        self._remember(placement, error, blamed)
         if error is None:
             self.succeeded(placement)
             if usage is not None:
                 yield from self._report(placement, usage.prompt_tokens, usage.cached_tokens or 0)
-        elif isinstance(error, BackendError):
-            if error.retryable:
-                self.failed(placement, error)
-            if self._undoable(placement):
-                yield from self._abandon(placement)
+            return
+        if blamed:
+            assert isinstance(error, BackendError)
+            self.failed(placement, error)
+        elif judged:  # no verdict on the worker: a half-open one's trial slot is free again
+            self.health.release((placement.worker,))
+        if isinstance(error, BackendError) and self._undoable(placement):
+            yield from self._abandon(placement)
 
-    def settle(self, placement: Placement, error: BaseException | None = None, usage: Usage | None = None) -> None:
+    def settle(self, placement: Placement, error: BaseException | None = None, usage: Usage | None = None, *,
+               judged: bool = True) -> None:
         """An attempt ended: release its in-flight count; then its usage and passive health on success;
-        on a worker error, passive health (if retryable) and, if this call placed the session, undo it."""
-        run(self.store, self._settle(placement, error, usage))
+        on a worker error, passive health (if retryable, not the request's fault, and ``judged``: a
+        failure awaiting a second opinion is not) and, if this call placed the session, undo it."""
+        run(self.store, self._settle(placement, error, usage, judged))
 
-    def _remember(self, placement: Placement, error: BaseException | None) -> None:
+    def _remember(self, placement: Placement, error: BaseException | None, blamed: bool) -> None:
         if error is None:
             self.recent.served(placement.tenant, placement.session_id, placement.worker)
-        else:
+        elif blamed:  # the worker failed the session: no hint to send there again
             self.recent.forget(placement.tenant, placement.session_id)
 
     @staticmethod
@@ -436,6 +487,7 @@ class Router:
 
     async def adone(self, placement: Placement) -> None:
         """Async :meth:`done`."""
+        self.health.release((placement.worker,))
         await arun(self.store, self._done(placement))
 
     async def aflush(self) -> None:
@@ -447,9 +499,9 @@ class Router:
         await arun(self.store, self._report(placement, prompt_tokens, cached_tokens))
 
     async def asettle(self, placement: Placement, error: BaseException | None = None,
-                      usage: Usage | None = None) -> None:
+                      usage: Usage | None = None, *, judged: bool = True) -> None:
         """Async :meth:`settle`."""
-        await arun(self.store, self._settle(placement, error, usage))
+        await arun(self.store, self._settle(placement, error, usage, judged))
 
     async def aabandon(self, placement: Placement) -> None:
         """Async :meth:`abandon`."""

@@ -19,7 +19,7 @@ class RouteRequest:
 @dataclass(frozen=True)
 class Placement:
     worker: str
-    outcome: str  # pinned | placed_template | placed_least_load | moved:<reason> | degraded | last_resort
+    outcome: str  # pinned | placed_template | placed_least_load | moved:<reason> | degraded | last_resort | second_opinion
     epoch: int
     session_id: str = ""
     tenant: str = "default"
@@ -28,4 +28,4 @@ class Placement:
 
 
 # outcomes decided without the store: nothing to release or report there
-STORELESS = ("degraded", "last_resort")
+STORELESS = ("degraded", "last_resort", "second_opinion")

@@ -58,6 +58,16 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return body
 
 
+def _test_failure(body: Mapping[str, Any]) -> JSONResponse | None:
+    """Test hooks for failures a request causes, as SGLang has them for some options: ``sim_fail_status``
+    (an HTTP status) answers that status; ``sim_whole_answer`` (chat) answers a streamed request whole."""
+    status = body.get("sim_fail_status")
+    if isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 599:
+        kind = "BadRequestError" if status < 500 else "InternalServerError"
+        return _error(f"simulated failure: this request's options fail with {status}", status, kind)
+    return None
+
+
 def _cache_key(engine: Engine, body: Mapping[str, Any]) -> str | None:
     # SGLang keys the radix tree by extra_key, cache_salt folded into it
     # (serving_base._compute_extra_key); releases before 0.5.11 ignore both
@@ -194,6 +204,9 @@ class SimServer:
             return _error(str(exc))
         if not self.engine.ready:
             return _error("The server is starting", 503, "ServiceUnavailableError")
+        failing = _test_failure(body)
+        if failing is not None:
+            return failing
         if tools and self.engine.version.minor < 9:
             # before 0.5.9 the template gets each tool's bare function dict
             tools = [t.get("function", t) if isinstance(t, Mapping) else t for t in tools]
@@ -211,7 +224,7 @@ class SimServer:
         rid = str(body.get("rid") or new_rid())  # SGLang's chat id is the request id, no prefix
         model = str(body.get("model") or self.options.served_model_name)
         key = _cache_key(self.engine, body)
-        if body.get("stream"):
+        if body.get("stream") and not body.get("sim_whole_answer"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             stream = self._chat_stream(rid, model, prompt_ids, output_ids, text, plan.tool_calls, finish, matched, key,
                                        include_usage, max_tokens)
