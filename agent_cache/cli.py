@@ -243,6 +243,24 @@ def _store_ready(url: str | None, prefix: str, *, debug: bool) -> bool:
     return True
 
 
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why the gateway could not listen on ``host:port`` (a port taken, an address not this host's), asked
+    before anything starts, so the reason is the one line printed; None if it can."""
+    import socket
+
+    if not 0 <= port <= 65535:
+        return "a port is 0-65535"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -266,6 +284,10 @@ def _serve(args: argparse.Namespace) -> int:
             worker_api_key=environment.value(environment.API_KEY), first_byte_floor=args.first_byte_floor,
         )
         if not _store_ready(args.redis, args.prefix, debug=args.log_level == "debug"):
+            return 1
+        cannot = _cannot_listen(args.host, args.port)
+        if cannot is not None:
+            print(f"agent-cache serve: error: cannot listen on {args.host}:{args.port}: {cannot}", file=sys.stderr)
             return 1
         limits = http_limits.from_args(args)
         app = create_app(config)
