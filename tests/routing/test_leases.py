@@ -118,3 +118,38 @@ def test_a_live_router_keeps_its_counts_past_the_lease_and_renewal_corrects_a_lo
         router.close()
         other.close()
         raw.close()
+
+
+def test_a_killed_gateways_counts_stop_steering_within_seconds(slow_worker, redis_server, prefix) -> None:
+    """`agent-cache serve` with its default lease (renewed every 2 s, 6 s expiry), killed mid-call."""
+    import threading
+
+    import httpx
+
+    from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+
+    raw = redis.Redis.from_url(redis_server.url)
+    with Processes() as procs:
+        gw = AgentCacheGateways(procs, [slow_worker], redis_url=redis_server.url, args=["--prefix", prefix])
+        body = {"model": "m", "messages": [{"role": "user", "content": "a long answer, please"}],
+                "max_tokens": 2000}
+
+        def call(i: int) -> None:
+            try:
+                httpx.post(gw.urls[0] + "/v1/chat/completions", json=body, headers={"x-session-id": f"g-{i}"},
+                           timeout=60)
+            except httpx.HTTPError:
+                pass  # the gateway is killed under it
+
+        threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(4)]
+        for t in threads:
+            t.start()
+        _wait_for(lambda: int(raw.hget(f"{{{prefix}}}:inflight", slow_worker) or 0) == 4, 60,
+                  "4 calls never got in flight")
+        time.sleep(3)  # renewed at least once
+        gw.procs[0].popen.send_signal(signal.SIGKILL)
+        gw.procs[0].popen.wait(10)
+        killed_at = time.monotonic()
+        _wait_for(lambda: _stats_inflight(redis_server.url, prefix, slow_worker) == 0, 15,
+                  "a killed gateway's counts stood for more than 15 s")
+        assert time.monotonic() - killed_at < 12
