@@ -110,3 +110,15 @@ def session_key(session_id: str) -> str:
     if len(session_id) <= MAX_SESSION_ID:
         return session_id
     return "sha256:" + hashlib.sha256(session_id.encode("utf-8")).hexdigest()
+
+
+def check_router_args(max_attempts: int, probe_interval: float | None, release_delay: float, lease: float) -> None:
+    """A :class:`~agent_cache.routing.router.Router`'s numeric arguments, each named when it is wrong."""
+    if max_attempts < 1:
+        raise ConfigError("max_attempts", f"must be >= 1, got {max_attempts}")
+    if probe_interval is not None and probe_interval <= 0:
+        raise ConfigError("probe_interval", f"must be > 0 or None, got {probe_interval}")
+    if not isinstance(release_delay, (int, float)) or release_delay < 0:
+        raise ConfigError("release_delay", f"must be a number of seconds >= 0, got {release_delay!r}")
+    if not isinstance(lease, (int, float)) or lease <= 0:
+        raise ConfigError("lease", f"must be a number of seconds > 0, got {lease!r}")

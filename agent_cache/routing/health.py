@@ -101,17 +101,12 @@ class HealthTracker:
         return state == OPEN or (state == HALF_OPEN and now < b.trial_until)
 
     def down(self, urls: Iterable[str]) -> set[str]:
-        """The URLs that may not take a call now: open breakers, and half-open ones whose trial is in flight.
+        """The URLs that may not take a call now: open breakers, and half-open ones whose trial is in flight."""
+        return self.unavailable(urls, claim=False)[0]
 
-        One lock and one clock read for the whole pool.
-        """
-        with self._lock:
-            now = self._clock()
-            return {u for u in urls if u in self._breakers and self._blocked(self._breakers[u], now)}
-
-    def unavailable(self, urls: Iterable[str]) -> tuple[set[str], set[str]]:
-        """:meth:`down`, for a route that may take trials: also the half-open URLs whose trial slot this
-        caller now holds (to :meth:`release` unless it sends its call there)."""
+    def unavailable(self, urls: Iterable[str], *, claim: bool = True) -> tuple[set[str], set[str]]:
+        """:meth:`down`, and (with ``claim``, for a route) the half-open URLs whose trial slot this caller now
+        holds (to :meth:`release` unless it sends its call there). One lock and one clock read for the pool."""
         with self._lock:
             now = self._clock()
             down: set[str] = set()
@@ -122,7 +117,7 @@ class HealthTracker:
                     continue
                 if self._blocked(b, now):
                     down.add(u)
-                elif b.state(now) == HALF_OPEN:
+                elif claim and b.state(now) == HALF_OPEN:
                     b.trial_until = now + TRIAL_TIMEOUT
                     trials.add(u)
             return down, trials

@@ -3,12 +3,14 @@
 Decisions happen in the store (one atomic round trip, so every process
 agrees); the router supplies the pool's workers with their health state and
 capacity, and handles what the store cannot: health, retries on another
-worker, and rendezvous-hash routing while the store is down. What it owes
+worker, and routing while the store is down (each session to the worker this
+process last used for it, else by rendezvous hash). What it owes
 the store is written late by its :class:`~agent_cache.routing.outbox.Outbox`;
 its workers are probed by a :class:`~agent_cache.routing.prober.Prober`.
 Each operation that talks to the store is written once as a flow of store
 commands (:mod:`agent_cache.routing.store_ops`), run by the sync and the
-async face.
+async face (:mod:`agent_cache.routing.async_face`); passive health is
+:class:`~agent_cache.routing.passive.PassiveHealth`.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ from agent_cache.errors import (
     RoutingError,
     StoreError,
     StoreUnavailableError,
-    WorkerConnectionError,
 )
+from agent_cache.routing.async_face import AsyncFace
 from agent_cache.routing.config import (
     DEFAULT_POOL,
     WorkerConfig,
     check_policy,
+    check_router_args,
     check_tenant,
     parse_pools,
     parse_worker,
@@ -45,9 +48,10 @@ from agent_cache.routing.health import CLOSED, HealthTracker
 from agent_cache.routing.lifecycle import CallLifecycle
 from agent_cache.routing.metrics import RouterMetrics
 from agent_cache.routing.outbox import Outbox
+from agent_cache.routing.passive import PassiveHealth
 from agent_cache.routing.prober import Prober
 from agent_cache.routing.recent import RecentWorkers
-from agent_cache.routing.store_ops import Flow, StoreOp, arun, run
+from agent_cache.routing.store_ops import Flow, StoreOp, run
 from agent_cache.routing.types import STORELESS, Placement, RouteRequest
 from agent_cache.placement.rule import DOWN, DRAINING, UP, Policy
 from agent_cache.store.base import (
@@ -76,7 +80,7 @@ __all__ = ["DEFAULT_CAPACITY", "DEFAULT_LEASE", "DEFAULT_PROBE_TIMEOUT", "DEFAUL
            "RouteRequest", "Router"]
 
 
-class Router:
+class Router(AsyncFace):
     """Session-sticky, template-aware, load-bounded routing over SGLang workers.
 
     ``store``: a :class:`MetadataStore` (default: an in-process
@@ -122,14 +126,7 @@ class Router:
         self._pools = parse_pools(pools, {w.pool for w in self._workers})
         if store is not None and redis_url is not None:
             raise ConfigError("store", "pass either store or redis_url, not both")
-        if max_attempts < 1:
-            raise ConfigError("max_attempts", f"must be >= 1, got {max_attempts}")
-        if probe_interval is not None and probe_interval <= 0:
-            raise ConfigError("probe_interval", f"must be > 0 or None, got {probe_interval}")
-        if not isinstance(release_delay, (int, float)) or release_delay < 0:
-            raise ConfigError("release_delay", f"must be a number of seconds >= 0, got {release_delay!r}")
-        if not isinstance(lease, (int, float)) or lease <= 0:
-            raise ConfigError("lease", f"must be a number of seconds > 0, got {lease!r}")
+        check_router_args(max_attempts, probe_interval, release_delay, lease)
         if redis_url is not None:
             from agent_cache.store.redis_store import RedisStore
 
@@ -152,6 +149,7 @@ class Router:
         # where each session's last call here went: a caller may send there while the store decides
         self.recent = RecentWorkers()
         self.metrics = RouterMetrics(registry)
+        self.passive = PassiveHealth(self.health, self.metrics, lambda: self._workers)
         self._clock = clock
         self.lease = lease
         self.outbox = Outbox(self.store, self.availability, self._store_failed, clock, release_delay, lease)
@@ -219,10 +217,8 @@ class Router:
         offered to this route (added to ``trials``: the caller releases those it does not use)."""
         version = self._config_version  # read before the workers: a change in between is never kept
         workers = self._workers
-        if trials is None:
-            down = self.health.down(w.url for w in workers if w.pool == pool)
-        else:
-            down, offered = self.health.unavailable(w.url for w in workers if w.pool == pool)
+        down, offered = self.health.unavailable((w.url for w in workers if w.pool == pool), claim=trials is not None)
+        if trials is not None:
             trials |= offered
         key = (pool, frozenset(exclude) if exclude else None, frozenset(down) if down else None,
                version, self.default_capacity)
@@ -272,20 +268,18 @@ class Router:
         return Placement(worker, outcome, epoch, query.session_id, request.tenant, request.template_id, query.pool)
 
     def renew(self) -> None:
-        """Tell the store what this router really has in flight and renew its lease (one round trip);
-        every ``lease / 3`` s in the background while calls are in flight (see :class:`Outbox`)."""
+        """Renew this router's lease and in-flight counts now (one round trip; see :class:`Outbox`)."""
         self.outbox.renew()
 
     def _route(self, request: RouteRequest, exclude: set[str] | frozenset[str]) -> Flow[Placement]:
-        trials: set[str] = set()
-        chosen = ""
+        trials: set[str] = set()  # half-open workers whose trial slot this route holds: released unless chosen
+        placement: Placement | None = None
         try:
             placement = yield from self._route_with(request, exclude, trials)
-            chosen = placement.worker
             return placement
         finally:
-            if trials - {chosen}:
-                self.health.release(trials - {chosen})
+            if trials:
+                self.health.release(trials - {placement.worker if placement is not None else ""})
 
     def _route_with(self, request: RouteRequest, exclude: set[str] | frozenset[str],
                     trials: set[str]) -> Flow[Placement]:
@@ -405,28 +399,9 @@ class Router:
         else:
             logger.warning("metadata store error ignored: %s", exc)
 
-    def failed(self, placement: Placement, exc: BackendError) -> None:
-        """Passive health: a real call on ``placement.worker`` failed with a retryable error."""
-        # A refused connection is proof enough; other errors must repeat to open the breaker, and open
-        # no more than the pool's share of breakers (see agent_cache.routing.health)
-        pool = [w.url for w in self._workers if w.pool == placement.pool]
-        if self.health.failure(placement.worker, hard=isinstance(exc, WorkerConnectionError), pool=pool):
-            logger.warning("worker %s marked unhealthy: %s", placement.worker, exc)
-            self.metrics.healthy.labels(placement.worker).set(0)
-        self.metrics.failovers.labels(placement.worker).inc()
-
     def judge(self, placement: Placement, error: BackendError) -> None:
-        """The verdict on a failure settled unjudged (held for a second opinion): passive health if it was
-        the worker's own, else nothing (a half-open worker's trial slot is free again)."""
-        if error.request_fault:
-            self.health.release((placement.worker,))
-        else:
-            self.failed(placement, error)
-
-    def succeeded(self, placement: Placement) -> None:
-        """Passive health: a real call on ``placement.worker`` succeeded."""
-        if self.health.success(placement.worker):
-            self.metrics.healthy.labels(placement.worker).set(1)
+        """The verdict on a failure settled unjudged (see :class:`PassiveHealth`)."""
+        self.passive.judge(placement, error)
 
     def _settle(self, placement: Placement, error: BaseException | None, usage: Usage | None,
                 judged: bool) -> Flow[None]:
@@ -434,13 +409,13 @@ class Router:
         blamed = judged and isinstance(error, BackendError) and error.retryable and not error.request_fault
         self._remember(placement, error, blamed)
         if error is None:
-            self.succeeded(placement)
+            self.passive.succeeded(placement)
             if usage is not None:
                 yield from self._report(placement, usage.prompt_tokens, usage.cached_tokens or 0)
             return
         if blamed:
             assert isinstance(error, BackendError)
-            self.failed(placement, error)
+            self.passive.failed(placement, error)
         elif judged:  # no verdict on the worker: a half-open one's trial slot is free again
             self.health.release((placement.worker,))
         if isinstance(error, BackendError) and self._undoable(placement):
@@ -478,34 +453,6 @@ class Router:
         """Run ``call(worker_url)`` on the session's worker; on a retryable BackendError move and retry
         (at most ``max_attempts`` tries, see :mod:`agent_cache.routing.lifecycle`)."""
         return CallLifecycle(self, request, max_attempts=self.max_attempts).run(lambda p: (call(p.worker), None))
-
-    # --- async face: the same flows, run with the store's async methods ---------------
-
-    async def aroute(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = frozenset()) -> Placement:
-        """Async :meth:`route`."""
-        return await arun(self.store, self._route(request, exclude))
-
-    async def adone(self, placement: Placement) -> None:
-        """Async :meth:`done`."""
-        self.health.release((placement.worker,))
-        await arun(self.store, self._done(placement))
-
-    async def aflush(self) -> None:
-        """Async :meth:`flush`."""
-        await arun(self.store, self.outbox.flush_flow())
-
-    async def areport(self, placement: Placement, *, prompt_tokens: int, cached_tokens: int) -> None:
-        """Async :meth:`report`."""
-        await arun(self.store, self._report(placement, prompt_tokens, cached_tokens))
-
-    async def asettle(self, placement: Placement, error: BaseException | None = None,
-                      usage: Usage | None = None, *, judged: bool = True) -> None:
-        """Async :meth:`settle`."""
-        await arun(self.store, self._settle(placement, error, usage, judged))
-
-    async def aabandon(self, placement: Placement) -> None:
-        """Async :meth:`abandon`."""
-        await arun(self.store, self._abandon(placement))
 
     async def aexecute(self, request: RouteRequest, call: Callable[[str], Awaitable[T]]) -> tuple[T, Placement]:
         """Async :meth:`execute`: ``await call(worker_url)`` with the same failover."""
