@@ -55,3 +55,35 @@ def test_rejected_calls_leave_no_pin_mark_or_kv_estimate(short_fleet, redis_serv
     model.close()
     router.close()
     store.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["invoke", "stream"])
+def test_a_failure_the_request_causes_is_answered_and_counted_against_no_worker(redis_server, prefix, stream):
+    from agent_cache.errors import BackendError
+
+    with SimFleet(3, time_scale=0.0) as fleet:
+        router = Router(fleet.urls, redis_url=redis_server.url, prefix=prefix, probe_interval=None)
+        good = ChatSGLang(model="sim", workers=fleet.urls, router=router, max_tokens=4, max_retries=2)
+        pins = {f"p-{i}": good.invoke([HumanMessage("hello")], session_id=f"p-{i}").response_metadata["worker"]
+                for i in range(4)}
+        # a 500 every worker gives (the second worker asked gives it too), and a stream answered whole
+        failing = ChatSGLang(model="sim", workers=fleet.urls, router=router, max_tokens=4, max_retries=2,
+                             extra_body={"sim_fail_status": 500})
+        whole = ChatSGLang(model="sim", workers=fleet.urls, router=router, max_tokens=4, max_retries=2,
+                           extra_body={"sim_whole_answer": True})
+        for i in range(12):
+            model = failing if i % 2 == 0 or not stream else whole
+            with pytest.raises(BackendError) as caught:
+                if stream:
+                    list(model.stream([HumanMessage("hello")], session_id=f"p-{i % 4}"))
+                else:
+                    model.invoke([HumanMessage("hello")], session_id=f"p-{i % 4}")
+            assert caught.value.request_fault and not caught.value.retryable
+            assert caught.value.status in (500, 200)
+        assert router.health.down(fleet.urls) == set()
+        assert all(router.health.state(u) == "closed" for u in fleet.urls)
+        for s, worker in pins.items():  # no pin moved
+            assert good.invoke([HumanMessage("again")], session_id=s).response_metadata["worker"] == worker
+        for m in (good, failing, whole):
+            m.close()
+        router.close()
