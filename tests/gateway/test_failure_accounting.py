@@ -170,7 +170,7 @@ def test_redis_stopped_for_seconds_moves_no_session(procs, redis_server_factory)
                     r = _call(client, url, s, stream=k % 2 == 1)
                     assert r.status_code == 200, r.text
                     assert r.headers["x-agent-cache-worker"] == pins[s], s
-                time.sleep(0.5)
+                time.sleep(1.0)
         finally:
             server.start()
         for s in sessions:  # and back with the store: still where they were
