@@ -98,3 +98,53 @@ def test_backoff_doubles_with_equal_jitter_over_the_upper_half_of_each_window() 
         assert min(draws) < ceiling * 0.51 and max(draws) > ceiling * 0.99  # the whole half is used
         assert abs(statistics.mean(draws) - ceiling * 0.75) < ceiling * 0.02  # uniform over it
     assert backoff_seconds(0.2, 0, random.Random(1)) != backoff_seconds(0.2, 0, random.Random(2))
+
+
+def _server_error(worker: str, status: int = 500):
+    from agent_cache.errors import WorkerServerError
+
+    return WorkerServerError(f"HTTP {status}", url=worker, status=status)
+
+
+def test_a_5xx_the_second_opinion_reproduces_is_the_requests_fault_and_blames_no_worker() -> None:
+    from agent_cache.routing.lifecycle import Judge
+
+    first, second = _server_error("http://a"), _server_error("http://b")
+    flow = call_flow(WORKERS, max_attempts=3, backoff=0.2, last_resort=True)
+    next(flow)
+    flow.send(_placed("http://a"))
+    # settled unjudged, then at once (no backoff) one other worker, outside the store
+    assert flow.send(_attempt("http://a", first)) == Settle(_placed("http://a"), first, None, judged=False)
+    assert flow.send(None) == Choose(frozenset({"http://a"}), last_resort=False, second_opinion=True)
+    flow.send(_placed("http://b"))
+    assert flow.send(_attempt("http://b", second)) == Judge(_placed("http://a"), first)
+    assert first.request_fault and second.request_fault and not second.retryable
+    assert flow.send(None) == Settle(_placed("http://b"), second, None)
+    with pytest.raises(type(second)) as raised:  # answered, not retried further
+        flow.send(None)
+    assert raised.value is second
+
+
+def test_a_5xx_another_worker_does_not_give_is_the_first_workers_fault() -> None:
+    from agent_cache.routing.lifecycle import Judge
+
+    first = _server_error("http://a")
+    flow = call_flow(WORKERS, max_attempts=3)
+    next(flow)
+    flow.send(_placed("http://a"))
+    flow.send(_attempt("http://a", first))
+    flow.send(None)
+    flow.send(_placed("http://b"))
+    assert flow.send(_attempt("http://b")) == Judge(_placed("http://a"), first)
+    assert not first.request_fault
+    assert flow.send(None) == Settle(_placed("http://b"), None, None)
+
+
+@pytest.mark.parametrize("status", [502, 503, 504])
+def test_a_worker_that_cannot_serve_now_gets_no_second_opinion(status) -> None:
+    err = _server_error("http://a", status)
+    flow = call_flow(WORKERS, max_attempts=3)
+    next(flow)
+    flow.send(_placed("http://a"))
+    assert flow.send(_attempt("http://a", err)) == Settle(_placed("http://a"), err, None)
+    assert flow.send(None) == Choose(frozenset({"http://a"}), last_resort=False)

@@ -1,0 +1,70 @@
+"""Breakers: passive ejection capped at a share of the pool, one trial call per half-open spell."""
+
+from __future__ import annotations
+
+from agent_cache.routing.health import CLOSED, HALF_OPEN, OPEN, HealthTracker
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _fail(health: HealthTracker, url: str, pool: list[str], n: int = 3) -> None:
+    for _ in range(n):
+        health.failure(url, pool=pool)
+
+
+def test_passive_failures_eject_at_most_ten_percent_and_at_least_one() -> None:
+    small = [f"w{i}" for i in range(3)]
+    health = HealthTracker(failure_threshold=3, clock=Clock())
+    for url in small:
+        _fail(health, url, small)
+    assert health.down(small) == {"w0"}  # 10 % of 3 rounds to none: one, as Envoy
+    large = [f"v{i}" for i in range(20)]
+    for url in large:
+        _fail(health, url, large)
+    assert health.down(large) == {"v0", "v1"}  # 10 % of 20
+
+
+def test_probes_and_refused_connections_are_not_capped() -> None:
+    pool = ["a", "b", "c"]
+    health = HealthTracker(failure_threshold=3, clock=Clock())
+    _fail(health, "a", pool)
+    health.failure("b", hard=True, pool=pool)  # a refused connection
+    health.failure("c", hard=True)  # a failed probe
+    assert health.down(pool) == {"a", "b", "c"}
+
+
+def test_a_good_probe_does_not_end_a_passive_ejection_but_a_success_does() -> None:
+    pool = ["a", "b", "c"]
+    health = HealthTracker(failure_threshold=3, clock=Clock())
+    _fail(health, "a", pool)
+    assert not health.success("a", probe=True) and health.state("a") == OPEN
+    health.failure("b", hard=True)
+    assert health.success("b", probe=True) and health.state("b") == CLOSED
+    assert health.success("a") and health.state("a") == CLOSED
+
+
+def test_a_half_open_worker_is_offered_to_one_route_at_a_time() -> None:
+    clock = Clock()
+    pool = ["a", "b", "c"]
+    health = HealthTracker(failure_threshold=3, cooldown=2.0, clock=clock)
+    _fail(health, "a", pool)
+    assert health.unavailable(pool) == ({"a"}, set())
+    clock.now += 2.0
+    assert health.state("a") == HALF_OPEN
+    assert health.unavailable(pool) == (set(), {"a"})  # this route holds the trial
+    assert health.unavailable(pool) == ({"a"}, set())  # every other route sees it out
+    assert health.down(pool) == {"a"}
+    health.release(["a"])  # the route chose another worker
+    assert health.unavailable(pool) == (set(), {"a"})
+    health.failure("a", pool=pool)  # the trial failed: open again, cooldown doubled
+    clock.now += 2.0
+    assert health.state("a") == OPEN
+    clock.now += 2.0
+    assert health.unavailable(pool) == (set(), {"a"})
+    assert health.success("a") and health.down(pool) == set()
