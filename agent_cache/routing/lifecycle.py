@@ -69,10 +69,12 @@ class Settle:
 @dataclass(frozen=True)
 class Judge:
     """The verdict on a failure held back for a second opinion: the worker's own (fed to passive health),
-    or, with ``error.request_fault``, the request's (the worker is not blamed)."""
+    or, with ``error.request_fault`` or without ``blame`` (the second attempt told nothing: the caller
+    left), no verdict on the worker."""
 
     placement: Placement
     error: BackendError
+    blame: bool = True
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,7 @@ def call_flow(workers: Sequence[str], *, max_attempts: int, backoff: float = 0.0
             if isinstance(error, BackendError) and not attempt.delivered and reproduced(first[1], error):
                 first[1].blame_request()
                 error.blame_request()
-            yield Judge(*first)
+            yield Judge(*first, blame=error is None or isinstance(error, BackendError))
         if (isinstance(error, BackendError) and error.second_opinion and not asked and not attempt.delivered
                 and n + 1 < max_attempts):
             asked = True
@@ -192,7 +194,7 @@ class Routes(Protocol):
     async def asettle(self, placement: Placement, error: BaseException | None = ...,
                       usage: Usage | None = ..., *, judged: bool = ...) -> None: ...
 
-    def judge(self, placement: Placement, error: BackendError) -> None: ...
+    def judge(self, placement: Placement, error: BackendError, *, blame: bool = ...) -> None: ...
 
 
 # --- the runners ------------------------------------------------------------------------
@@ -265,7 +267,7 @@ class CallLifecycle:
             elif isinstance(step, Settle):
                 self.router.settle(step.placement, step.error, step.usage, judged=step.judged)
             elif isinstance(step, Judge):
-                self.router.judge(step.placement, step.error)
+                self.router.judge(step.placement, step.error, blame=step.blame)
             else:
                 time.sleep(step.seconds)
 
@@ -290,7 +292,7 @@ class CallLifecycle:
             elif isinstance(step, Settle):
                 await self.router.asettle(step.placement, step.error, step.usage, judged=step.judged)
             elif isinstance(step, Judge):
-                self.router.judge(step.placement, step.error)
+                self.router.judge(step.placement, step.error, blame=step.blame)
             else:
                 await asyncio.sleep(step.seconds)
 

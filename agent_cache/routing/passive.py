@@ -34,10 +34,11 @@ class PassiveHealth:
             self.metrics.healthy.labels(placement.worker).set(0)
         self.metrics.failovers.labels(placement.worker).inc()
 
-    def judge(self, placement: Placement, error: BackendError) -> None:
+    def judge(self, placement: Placement, error: BackendError, *, blame: bool = True) -> None:
         """The verdict on a failure settled unjudged (held for a second opinion): counted if it was the
-        worker's own, else nothing (a half-open worker's trial slot is free again)."""
-        if error.request_fault:
+        worker's own (``blame``, not the request's fault), else nothing (a half-open worker's trial slot
+        is free again)."""
+        if error.request_fault or not blame:
             self.health.release((placement.worker,))
         else:
             self.failed(placement, error)

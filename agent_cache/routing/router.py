@@ -399,9 +399,9 @@ class Router(AsyncFace):
         else:
             logger.warning("metadata store error ignored: %s", exc)
 
-    def judge(self, placement: Placement, error: BackendError) -> None:
+    def judge(self, placement: Placement, error: BackendError, *, blame: bool = True) -> None:
         """The verdict on a failure settled unjudged (see :class:`PassiveHealth`)."""
-        self.passive.judge(placement, error)
+        self.passive.judge(placement, error, blame=blame)
 
     def _settle(self, placement: Placement, error: BaseException | None, usage: Usage | None,
                 judged: bool) -> Flow[None]:

@@ -56,7 +56,8 @@ def test_bad_requests_of_one_tenant_fail_no_call_of_another_and_move_no_pin(proc
         stop = threading.Event()
 
         def bad_call(n: int) -> None:  # a 500 every worker gives, or a stream the worker answers whole
-            extra = {"sim_fail_status": 500} if n % 2 == 0 else {"sim_whole_answer": True, "stream": True}
+            extra = ({"sim_fail_status": 500, "stream": n % 4 == 2} if n % 2 == 0
+                     else {"sim_whole_answer": True, "stream": True})
             r = _call(b, url, f"b-{n % 4}", **extra)
             answers.append((r.status_code, r.json()["error"]["code"]))
 
