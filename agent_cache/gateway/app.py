@@ -206,11 +206,10 @@ class Gateway:
         if call.prompt is not None:
             self.registry.record(placement.tenant, call.prompt, placement.session_id)  # queued: no I/O here
 
-    @staticmethod
-    def _headers(placement: Placement, call: GatewayCall) -> dict[str, str]:
+    def _headers(self, placement: Placement, call: GatewayCall) -> dict[str, str]:
         # a session id may hold any Unicode: percent-encoded, as an HTTP header carries Latin-1 only
         return {WORKER_HEADER: authz.shown_worker(call.grant, placement.worker),
-                SESSION_HEADER: echoed(call.route.session_id)}
+                SESSION_HEADER: echoed(call.route.session_id), **self.limits.headers(call.grant)}
 
     # --- the proxied endpoints ----------------------------------------------------
 

@@ -141,6 +141,7 @@ class RateLimits:
         self._away = False
         self._local: dict[str, tuple[_Window, _Window]] = {}
         self._pending: set[asyncio.Task[Any]] = set()
+        self._last: dict[str, Verdict] = {}  # tenant -> its latest admission here, for the answer's headers
 
     # --- the gateway's two hooks ----------------------------------------------------------
 
@@ -158,7 +159,16 @@ class RateLimits:
             mine[0].add(now, 1)
         if not verdict.admitted:
             raise _refusal(grant, verdict)
+        self._last[grant.tenant] = verdict
         return verdict
+
+    def headers(self, grant: ApiKey | None) -> dict[str, str]:
+        """The ``x-ratelimit-*`` headers of an admitted call: its tenant's limits as of the tenant's
+        latest admission on this replica (that call's own, unless another overtook it)."""
+        if grant is None or (grant.rpm is None and grant.tpm is None):
+            return {}
+        verdict = self._last.get(grant.tenant)
+        return verdict.headers() if verdict is not None else {}
 
     def charge(self, grant: ApiKey | None, usage: Usage | None) -> None:
         """Charge a finished call's tokens to its tenant (Redis's count is updated in the background)."""
