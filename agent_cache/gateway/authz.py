@@ -48,9 +48,9 @@ def choose_pool(grant: ApiKey, header: str | None) -> str | None:
     (None: the router's default). A key bound to several pools must choose one by the header."""
     if header is not None:
         if not grant.may_use_pool(header):
-            raise RequestRejectedError(
-                403, f"this API key may not use the pool {header!r} (allowed: {', '.join(sorted(grant.pools or ()))})",
-                code="pool_not_allowed", param=POOL_HEADER)
+            allowed = ", ".join(sorted(grant.pools or ()))
+            raise RequestRejectedError(403, f"{POOL_HEADER}: this API key may not use the pool {header!r} "
+                                       f"(allowed: {allowed})", code="pool_not_allowed", param=POOL_HEADER)
         return header
     if grant.pool is not None:
         return grant.pool
