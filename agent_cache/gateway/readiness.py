@@ -9,7 +9,8 @@ out of its Service because Redis is away would turn a cache-hit loss into an
 outage. A store that refuses the gateway (password, ACL, database) does not:
 every call would fail.
 
-Neither answer names a worker URL; they are open to unauthenticated callers.
+Neither answer names a worker URL; they are open to unauthenticated callers (probes send no
+key). With API keys, ``/ready`` gives the store's state and the reason only to an admin key.
 """
 
 from __future__ import annotations
@@ -83,10 +84,12 @@ async def check_readiness(router: Router, *, probing: bool) -> Readiness:
     return Readiness(True, store)
 
 
-async def ready_response(router: Router, *, probing: bool) -> JSONResponse:
-    """The ``/ready`` answer: 200 when ready, else 503 with the reason."""
+async def ready_response(router: Router, *, probing: bool, detail: bool = True) -> JSONResponse:
+    """The ``/ready`` answer: 200 when ready, else 503; with the store's state and the reason when
+    ``detail`` (an admin's key, or a gateway without keys), else the status alone."""
     verdict = await check_readiness(router, probing=probing)
-    return JSONResponse(verdict.body(), status_code=200 if verdict.ready else 503)
+    body = verdict.body() if detail else {"status": verdict.body()["status"]}
+    return JSONResponse(body, status_code=200 if verdict.ready else 503)
 
 
 __all__ = ["Readiness", "check_readiness", "pools_without_healthy_worker", "ready_response", "store_state"]

@@ -25,6 +25,7 @@ from kubernetes_validate.utils import latest_version
 
 from agent_cache.bench.realfleet import Processes, wait_until
 from agent_cache.cli import build_parser
+from agent_cache.gateway.authz import worker_id
 from agent_cache.sim import SimFleet
 from tests.conftest import NO_REDIS, free_port
 
@@ -276,7 +277,7 @@ def test_the_probe_paths_answer_200_on_a_gateway_started_with_the_manifest_flags
     probes = _probes(container)
     port = free_port()
     keys = tmp_path / "keys.txt"
-    keys.write_text("sk-test-key team-a\n")
+    keys.write_text("sk-test-key team-a\nsk-test-admin ops role=admin\n")
 
     def replace(flag: str, value: str) -> None:
         argv[argv.index(flag) + 1] = value
@@ -298,10 +299,11 @@ def test_the_probe_paths_answer_200_on_a_gateway_started_with_the_manifest_flags
         for path in sorted(paths):
             wait_until(lambda: httpx.get(url + path, timeout=2.0).status_code == 200, [proc], f"GET {path}",
                        timeout=60.0)
-        ready = httpx.get(url + "/ready").json()
+        assert httpx.get(url + "/ready").json() == {"status": "ready"}  # the detail is an admin's
+        ready = httpx.get(url + "/ready", headers={"authorization": "Bearer sk-test-admin"}).json()
         assert ready == {"status": "ready", "store": "ok"}  # it reached the manifest's Redis with the password
         assert httpx.get(url + "/readyz").status_code == 404  # a path the gateway does not serve fails
         call = httpx.post(url + "/v1/chat/completions", headers={"authorization": "Bearer sk-test-key"},
                           json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
-        assert call.status_code == 200 and call.headers["x-agent-cache-worker"] in fleet.urls
+        assert call.status_code == 200 and call.headers["x-agent-cache-worker"] in map(worker_id, fleet.urls)
         assert httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": []}).status_code == 401

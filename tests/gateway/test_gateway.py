@@ -18,6 +18,7 @@ import redis
 
 from agent_cache.backends.sglang import SGLangClient
 from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+from agent_cache.gateway.authz import worker_id
 from agent_cache.sim import SimFleet
 
 REDIS = ""  # the suite's private Redis, set by _private_redis before any test runs
@@ -387,9 +388,10 @@ def test_pools_from_the_key_or_the_pool_header(procs, tmp_path):
             assert r.status_code == 200, r.text
             return r.headers["x-agent-cache-worker"]
 
-        assert {worker("sk-big", f"b{i}") for i in range(6)} == {fleet.urls[2]}
-        assert {worker("sk-small", f"s{i}") for i in range(6)} <= set(fleet.urls[:2])
-        assert worker("sk-small", "h1", **{"x-agent-cache-pool": "large"}) == fleet.urls[2]
+        ids = [worker_id(u) for u in fleet.urls]  # workers are named to keys other than admins' by id
+        assert {worker("sk-big", f"b{i}") for i in range(6)} == {ids[2]}
+        assert {worker("sk-small", f"s{i}") for i in range(6)} <= set(ids[:2])
+        assert worker("sk-small", "h1", **{"x-agent-cache-pool": "large"}) == ids[2]
         r = httpx.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
                        headers={"authorization": "Bearer sk-small", "x-agent-cache-pool": "nosuch"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "x-agent-cache-pool"

@@ -1,0 +1,130 @@
+"""Per-tenant ``rpm=`` / ``tpm=``: counted across gateway replicas in one Redis, a replica's share without it."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Iterator
+
+import httpx
+import pytest
+
+from agent_cache.backends.protocol import Usage
+from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+from agent_cache.errors import RequestRejectedError
+from agent_cache.gateway.keys import ApiKey
+from agent_cache.gateway.ratelimit import RateLimits, duration
+from agent_cache.sim import SimFleet
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[SimFleet]:
+    with SimFleet(1) as f:
+        yield f
+
+
+@pytest.fixture
+def procs() -> Iterator[Processes]:
+    with Processes() as p:
+        yield p
+
+
+def _replicas(procs: Processes, fleet: SimFleet, redis_url: str, keys: str, tmp_path) -> list[str]:
+    path = tmp_path / "keys"
+    path.write_text(keys)
+    gw = AgentCacheGateways(procs, fleet.urls, redis_url=redis_url, count=2,
+                            args=["--prefix", f"t-{uuid.uuid4().hex[:10]}", "--api-keys", str(path)])
+    return [u + "/v1/chat/completions" for u in gw.urls]
+
+
+def _call(client: httpx.Client, url: str, key: str) -> httpx.Response:
+    return client.post(url, json=BODY, headers={"authorization": f"Bearer {key}"})
+
+
+def test_rpm_60_refuses_the_61st_call_across_two_replicas_and_no_other_tenant(procs, fleet, redis_url, tmp_path):
+    urls = _replicas(procs, fleet, redis_url, "sk-lim team-lim rpm=60\nsk-other team-other rpm=60\n", tmp_path)
+    with httpx.Client(timeout=30) as client:
+        answers = [_call(client, urls[i % 2], "sk-lim") for i in range(61)]  # every other call on each replica
+        assert [r.status_code for r in answers[:60]] == [200] * 60
+        assert answers[59].headers["x-ratelimit-remaining-requests"] == "0"
+        refused = answers[60]
+        assert refused.status_code == 429, refused.text
+        error = refused.json()["error"]
+        assert error["type"] == "rate_limit_error" and error["code"] == "rate_limit_exceeded"
+        assert 1 <= int(refused.headers["retry-after"]) <= 61
+        assert refused.headers["x-ratelimit-limit-requests"] == "60"
+        assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+        assert refused.headers["x-ratelimit-reset-requests"].endswith("s")
+        assert _call(client, urls[0], "sk-lim").status_code == 429  # on either replica
+        other = [_call(client, u, "sk-other") for u in urls]  # another tenant is unaffected
+        assert [r.status_code for r in other] == [200, 200]
+        assert other[1].headers["x-ratelimit-remaining-requests"] == "58"
+
+
+def test_tpm_charges_reported_usage_and_refuses_while_in_debt(procs, fleet, redis_url, tmp_path):
+    urls = _replicas(procs, fleet, redis_url, "sk-tok team-tok tpm=120\nsk-other team-other tpm=120\n", tmp_path)
+    with httpx.Client(timeout=30) as client:
+        spent: list[int] = []
+        for i in range(40):
+            r = _call(client, urls[i % 2], "sk-tok")
+            if r.status_code != 200:
+                break
+            spent.append(r.json()["usage"]["total_tokens"])
+        assert r.status_code == 429, r.text
+        assert sum(spent) >= 120  # refused once the reported usage reached the limit...
+        assert sum(spent[:-2]) < 120  # ...and not before (a charge lands just after its answer)
+        assert r.headers["x-ratelimit-limit-tokens"] == "120" and r.headers["x-ratelimit-remaining-tokens"] == "0"
+        assert int(r.headers["retry-after"]) >= 1
+        assert _call(client, urls[0], "sk-tok").status_code == 429  # still in debt
+        assert _call(client, urls[1], "sk-other").status_code == 200
+
+
+def test_with_redis_away_each_replica_enforces_its_share(procs, fleet, redis_server_factory, tmp_path):
+    server = redis_server_factory()
+    urls = _replicas(procs, fleet, server.url, "sk-lim team-lim rpm=20\nsk-other team-other rpm=20\n", tmp_path)
+    with httpx.Client(timeout=30) as client:
+        for i in range(4):  # both replicas register with Redis; 2 calls admitted on each
+            assert _call(client, urls[i % 2], "sk-lim").status_code == 200
+        server.stop()
+        answers = [_call(client, urls[0], "sk-lim") for _ in range(10)]
+        # this replica's share: 20 / 2 live replicas = 10 a minute, 2 of them already used here
+        assert [r.status_code for r in answers] == [200] * 8 + [429] * 2, [r.text for r in answers]
+        assert "share" in answers[8].json()["error"]["message"]
+        assert answers[8].headers["x-ratelimit-limit-requests"] == "10"
+        assert _call(client, urls[0], "sk-other").status_code == 200  # another tenant is unaffected
+
+
+def test_the_script_and_the_local_share_agree_on_a_window(redis_url):
+    async def run() -> None:
+        prefix = f"t-{uuid.uuid4().hex[:10]}"
+        shared, alone = RateLimits(redis_url, prefix), RateLimits(None, prefix)
+        grant, other = ApiKey("a", rpm=3, tpm=50), ApiKey("b", rpm=3)
+        for limits in (shared, alone):
+            states = [await limits.admit(grant) for _ in range(3)]
+            assert [s.requests.remaining for s in states if s and s.requests] == [2, 1, 0]
+            with pytest.raises(RequestRejectedError) as refused:
+                await limits.admit(grant)
+            assert refused.value.status == 429 and 1 <= refused.value.retry_after <= 61
+            assert refused.value.headers["x-ratelimit-remaining-requests"] == "0"
+            assert (await limits.admit(other)) is not None
+        debtor = ApiKey("c", tpm=50)
+        for limits in (shared, alone):
+            assert await limits.admit(debtor)
+            limits.charge(debtor, Usage(40, 20))
+            await asyncio.sleep(0.05)  # the shared charge is written in the background
+            with pytest.raises(RequestRejectedError) as refused:
+                await limits.admit(debtor)
+            assert refused.value.headers["x-ratelimit-remaining-tokens"] == "0"
+            assert "tokens per minute: limit 50, used 60" in str(refused.value)
+        assert shared.replicas == 1
+        assert await shared.admit(ApiKey("d")) is None  # no limits: nothing is counted
+        await shared.aclose()
+        await alone.aclose()
+
+    asyncio.run(run())
+
+
+def test_durations_are_written_as_openai_writes_them():
+    assert [duration(s) for s in (0.0204, 1.5, 60.0, 59.9996, 75.25)] == ["20ms", "1.5s", "1m0s", "1m0s", "1m15.25s"]
