@@ -42,6 +42,7 @@ from agent_cache.errors import (
     StreamError,
     WorkerTimeoutError,
 )
+from agent_cache.gateway.admin import Admin, fleet_for
 from agent_cache.gateway.config import GatewayConfig
 from agent_cache.gateway.keys import ApiKey, key_digest
 from agent_cache.gateway.readiness import ready_response
@@ -145,6 +146,7 @@ class Gateway:
             config.workers, redis_url=config.redis_url, prefix=config.prefix, probe_interval=config.probe_interval,
             max_attempts=config.max_attempts, first_byte_floor=config.first_byte_floor)
         self.registry = TemplateRegistry(self.router.store)
+        self.fleet = fleet_for(config.redis_url, config.prefix, self.router, config.fleet)
         self.metrics = _process_metrics()
         self._templaters: dict[str, Templater] = {}
         self.upstream = Upstream(timeout=config.timeout, max_connections=config.max_concurrency,
@@ -445,6 +447,7 @@ class Gateway:
             logger.warning("metadata store error at start-up: %s", exc)
 
     async def aclose(self) -> None:
+        await asyncio.to_thread(self.fleet.stop)
         await self.upstream.aclose()
         self.registry.close()
         await self.router.aclose()
@@ -621,6 +624,7 @@ def create_app(config: GatewayConfig, router: Router | None = None) -> Starlette
             Route("/health", gateway.health, methods=["GET"]),
             Route("/ready", gateway.ready, methods=["GET"]),
             Route("/metrics", gateway.prometheus, methods=["GET"]),
+            *Admin(gateway.fleet, config.api_keys, gateway.authorize).routes(),
         ],
         lifespan=_lifespan(gateway),
     )
@@ -634,6 +638,7 @@ def _lifespan(gateway: Gateway) -> Callable[[Starlette], Any]:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         encoder()  # load the tokenizer the templates count with now, not inside the first call
         await gateway.check_store()
+        await asyncio.to_thread(gateway.fleet.start)  # the shared fleet (and DNS) before the first call
         yield
         await gateway.aclose()
 

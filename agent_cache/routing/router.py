@@ -72,8 +72,7 @@ DEFAULT_RELEASE_DELAY = 0.01
 # long after its last write. Routers renew every lease / 3 while calls run.
 DEFAULT_LEASE = 30.0
 
-__all__ = ["DEFAULT_CAPACITY", "DEFAULT_LEASE", "DEFAULT_PROBE_TIMEOUT", "DEFAULT_RELEASE_DELAY", "Placement",
-           "RouteRequest", "Router"]
+__all__ = ["DEFAULT_CAPACITY", "DEFAULT_LEASE", "DEFAULT_PROBE_TIMEOUT", "DEFAULT_RELEASE_DELAY", "Placement", "RouteRequest", "Router"]
 
 
 class Router:
@@ -118,7 +117,7 @@ class Router:
         first_byte_floor: float = DEFAULT_FLOOR,
         first_byte_factor: float = DEFAULT_FACTOR,
     ) -> None:
-        self._workers: list[WorkerConfig] = parse_workers(workers)
+        self._workers: list[WorkerConfig] = parse_workers(workers, allow_empty=True)  # or added later
         self._pools = parse_pools(pools, {w.pool for w in self._workers})
         if store is not None and redis_url is not None:
             raise ConfigError("store", "pass either store or redis_url, not both")
@@ -210,7 +209,7 @@ class Router:
         if self._pools is not None:
             return pool_for_session(request.session_id, self._pools)
         pools = [w.pool for w in self._workers]
-        return DEFAULT_POOL if DEFAULT_POOL in pools else pools[0]
+        return DEFAULT_POOL if DEFAULT_POOL in pools or not pools else pools[0]
 
     # --- routing --------------------------------------------------------------------
 
