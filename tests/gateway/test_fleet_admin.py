@@ -1,0 +1,210 @@
+"""The fleet changed while the gateway serves: /workers admin endpoints, drains, DNS discovery, shared replicas.
+
+Real processes: ``agent-cache serve`` replicas sharing the suite's private Redis, simulated workers on
+loopback addresses, and a hosts-format file standing in for the DNS answer of a headless Service.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from agent_cache.bench.realfleet import AgentCacheGateways, Processes, free_port, wait_until
+from agent_cache.sim import SimFleet
+from agent_cache.sim.fleet import SimWorkerThread
+
+ADMIN = {"authorization": "Bearer admin-key"}
+USER = {"authorization": "Bearer user-key"}
+REFRESH = "0.3"
+
+
+@pytest.fixture
+def procs() -> Iterator[Processes]:
+    with Processes() as p:
+        yield p
+
+
+@pytest.fixture
+def keys_file(tmp_path: Path) -> str:
+    path = tmp_path / "keys"
+    path.write_text("admin-key ops role=admin\nuser-key team\n")
+    return str(path)
+
+
+def _replicas(procs: Processes, workers: list[str], redis_url: str, keys_file: str, *extra: str,
+              count: int = 2) -> AgentCacheGateways:
+    return AgentCacheGateways(procs, workers, redis_url=redis_url, count=count,
+                              args=["--prefix", f"fleet-{uuid.uuid4().hex[:8]}", "--api-keys", keys_file,
+                                    "--fleet-refresh", REFRESH, *extra])
+
+
+def _chat(gateway: str, session: str, messages: list[dict[str, Any]], headers: dict[str, str]) -> httpx.Response:
+    return httpx.post(gateway + "/v1/chat/completions", timeout=30.0,
+                      headers={**headers, "x-session-id": session},
+                      json={"model": "m", "messages": messages, "max_tokens": 8})
+
+
+def _listed(gateway: str, headers: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    r = httpx.get(gateway + "/workers", headers=headers or ADMIN, timeout=5.0)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["total"] == len(body["workers"])
+    return {w["url"]: w for w in body["workers"]}
+
+
+def _eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.05)
+
+
+def test_the_admin_endpoints_need_an_admin_key(procs, redis_url, keys_file):
+    with SimFleet(1) as fleet:
+        gw = _replicas(procs, fleet.urls, redis_url, keys_file, count=1).urls[0]
+        assert httpx.get(gw + "/workers").status_code == 401
+        r = httpx.get(gw + "/workers", headers=USER)
+        assert r.status_code == 403 and r.json()["code"] == "FORBIDDEN"
+        assert httpx.post(gw + "/workers", headers=USER, json={"url": "http://127.0.0.1:1"}).status_code == 403
+        assert list(_listed(gw)) == fleet.urls
+        r = httpx.post(gw + "/workers", headers=ADMIN, json={"url": "not a url"})
+        assert r.status_code == 400 and set(r.json()) == {"error", "code"}
+        assert httpx.delete(gw + "/workers/" + quote("http://127.0.0.1:9", safe=""), headers=ADMIN).status_code == 404
+
+
+def test_without_keys_the_admin_endpoints_answer_only_loopback_callers_when_allowed(procs):
+    with SimFleet(1) as fleet:
+        closed = AgentCacheGateways(procs, fleet.urls).urls[0]
+        r = httpx.get(closed + "/workers")
+        assert r.status_code == 403 and r.json()["code"] == "ADMIN_DISABLED"
+        opened = AgentCacheGateways(procs, fleet.urls, args=["--admin-loopback"]).urls[0]
+        assert list(_listed(opened, {})) == fleet.urls
+
+
+def test_a_worker_added_on_one_replica_gets_new_sessions_from_the_other(procs, redis_url, keys_file):
+    with SimFleet(3) as fleet:
+        first, second = _replicas(procs, fleet.urls[:2], redis_url, keys_file).urls
+        new = fleet.urls[2]
+        r = httpx.post(first + "/workers", headers=ADMIN, json={"url": new, "pool": "default"})
+        assert r.status_code == 202, r.text
+        body = r.json()
+        assert body["status"] == "accepted" and body["worker_id"] == body["url"] == new
+        assert r.headers["location"] == body["location"] == "/workers/" + quote(new, safe="")
+        assert _listed(first)[new]["state"] == "up"  # applied on the replica that took the call at once
+        t0 = time.monotonic()
+        _eventually(lambda: new in _listed(second), "the second replica sees the new worker")
+        seen_after = time.monotonic() - t0
+        assert seen_after < 2.0, seen_after  # within a refresh (0.3 s) plus the polling
+        info = httpx.get(second + "/workers/" + quote(new, safe=""), headers=ADMIN).json()
+        assert info["source"] == "admin" and info["is_healthy"] is True and info["pool"] == "default"
+        placed = [_chat(second, f"new-{i}", [{"role": "user", "content": f"task {i}"}], USER) for i in range(12)]
+        assert all(p.status_code == 200 for p in placed), [p.text for p in placed if p.status_code != 200]
+        workers = [p.headers["x-agent-cache-worker"] for p in placed]
+        assert workers.count(new) >= 2, workers  # the empty worker takes its share of new sessions
+
+
+def test_delete_drains_a_worker_without_failing_a_step_of_running_sessions(procs, redis_url, keys_file):
+    with SimFleet(3) as fleet:
+        replicas = _replicas(procs, fleet.urls, redis_url, keys_file, "--worker-drain-timeout", "20").urls
+        steps: list[tuple[float, str, int]] = []  # (time, worker, status)
+        first_step = threading.Barrier(7)
+        lock = threading.Lock()
+
+        def agent(i: int) -> None:
+            session = f"run-{i}-{uuid.uuid4().hex[:6]}"
+            messages: list[dict[str, Any]] = [{"role": "system", "content": "You are agent number seven. " * 40},
+                                              {"role": "user", "content": f"task {i}"}]
+            for step in range(8):
+                r = _chat(replicas[step % 2], session, messages, USER)  # the steps alternate between replicas
+                with lock:
+                    steps.append((time.monotonic(), r.headers.get("x-agent-cache-worker", ""), r.status_code))
+                if step == 0:
+                    first_step.wait(timeout=30)
+                messages += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                             {"role": "user", "content": f"step {step}"}]
+                time.sleep(0.15)
+
+        threads = [threading.Thread(target=agent, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        first_step.wait(timeout=30)
+        with lock:
+            counts = {u: sum(1 for _, w, _ in steps if w == u) for u in fleet.urls}
+        victim = max(counts, key=lambda u: counts[u])  # the worker holding the most sessions
+        r = httpx.delete(replicas[0] + "/workers/" + quote(victim, safe=""), headers=ADMIN)
+        assert r.status_code == 202 and r.json()["worker_id"] == victim
+        deleted = time.monotonic()
+        assert _listed(replicas[0])[victim]["state"] == "draining"
+        for t in threads:
+            t.join(timeout=60)
+        assert [s for s in steps if s[2] != 200] == []  # 0 failed steps
+        assert len(steps) == 6 * 8
+        late = [w for at, w, _ in steps if at > deleted + 1.0]  # both replicas refreshed (0.3 s) long before
+        assert late and victim not in late, late
+        for gw in replicas:  # nothing in flight there any more: dropped well before the 20 s timeout
+            _eventually(lambda gw=gw: victim not in _listed(gw), "the drained worker is removed", timeout=8.0)
+
+
+def _port_on(*hosts: str) -> int:
+    """A port free on each of these loopback addresses (a headless Service's pods share one port)."""
+    for _ in range(50):
+        port = free_port()
+        try:
+            for host in hosts:
+                with socket.socket() as s:
+                    s.bind((host, port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no common free port")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="binds 127.0.0.2 and 127.0.0.3 (all of 127/8 is loopback on Linux)")
+def test_dns_discovery_adds_new_addresses_and_drains_removed_ones(procs, tmp_path):
+    hosts = ["127.0.0.2", "127.0.0.3"]
+    port = _port_on(*hosts)
+    sims = [SimWorkerThread(host=h, port=port) for h in hosts]
+    for s in sims:
+        s.start()
+    try:
+        answer = tmp_path / "hosts"
+        answer.write_text(f"{hosts[0]} sglang.inference.svc.cluster.local\n")
+        gw_port = free_port()
+        gw = f"http://127.0.0.1:{gw_port}"
+        argv = [sys.executable, "-m", "agent_cache.cli", "serve", "--port", str(gw_port), "--admin-loopback",
+                "--workers-dns", f"sglang.inference.svc.cluster.local:{port}", "--workers-dns-hosts", str(answer),
+                "--workers-dns-interval", REFRESH, "--fleet-refresh", REFRESH]
+        proc = procs.start("dns-gateway", argv)
+        wait_until(lambda: httpx.get(gw + "/health").status_code == 200, [proc], "gateway", timeout=60)
+        a, b = (f"http://{h}:{port}" for h in hosts)
+        assert _listed(gw, {}) == {a: {"id": a, "url": a, "worker_type": "regular", "connection_mode": "http",
+                                      "is_healthy": True, "load": 0, "pool": "default", "state": "up",
+                                      "source": "dns"}}
+        r = _chat(gw, "dns-1", [{"role": "user", "content": "hello"}], {})
+        assert r.status_code == 200 and r.headers["x-agent-cache-worker"] == a
+
+        answer.write_text(f"{hosts[0]} sglang.inference.svc.cluster.local\n{hosts[1]} sglang.inference.svc.cluster.local\n")
+        _eventually(lambda: set(_listed(gw, {})) == {a, b}, "the new address joins")
+
+        answer.write_text(f"{hosts[1]} sglang.inference.svc.cluster.local\n")  # the first pod went away
+        _eventually(lambda: _listed(gw, {}).get(a, {}).get("state") != "up", "the removed address drains")
+        r = _chat(gw, "dns-1", [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
+                                {"role": "user", "content": "again"}], {})
+        assert r.status_code == 200 and r.headers["x-agent-cache-worker"] == b  # the pinned session moved
+        _eventually(lambda: set(_listed(gw, {})) == {b}, "the drained address is removed")
+
+        answer.write_text("")  # the name no longer resolves: nothing changes
+        time.sleep(1.0)
+        assert set(_listed(gw, {})) == {b}
+    finally:
+        for s in sims:
+            s.stop()
