@@ -20,11 +20,8 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-import redis
-
 from agent_cache.errors import ConfigError
 from agent_cache.store import keys, lua
-from agent_cache.store.redis_client import is_cluster, make_client, map_error, validate_redis_url
 
 UP, DRAINING, GONE = "up", "draining", "gone"
 STATES = (UP, DRAINING, GONE)
@@ -92,6 +89,12 @@ class RedisFleetBoard:
     """The board in Redis, shared by every replica of the deployment ``prefix``."""
 
     def __init__(self, url: str, prefix: str, *, socket_timeout: float = 0.5) -> None:
+        import redis  # only where a deployment has Redis
+
+        from agent_cache.store.redis_client import is_cluster, make_client, map_error, validate_redis_url
+
+        self._failures = (redis.exceptions.RedisError, OSError)
+        self._map_error = map_error
         validate_redis_url(url)
         if not prefix or "{" in prefix or "}" in prefix:
             raise ConfigError("prefix", f"prefix must be non-empty without braces, got {prefix!r}")
@@ -103,8 +106,8 @@ class RedisFleetBoard:
     def entries(self) -> dict[str, FleetEntry]:
         try:
             raw = self._client.hgetall(self.key)
-        except (redis.exceptions.RedisError, OSError) as exc:
-            raise map_error(exc) from exc
+        except self._failures as exc:
+            raise self._map_error(exc) from exc
         out = {}
         for field, value in raw.items():
             url = field.decode() if isinstance(field, bytes) else str(field)
@@ -117,8 +120,8 @@ class RedisFleetBoard:
         args = [entry.url, expected.encode() if expected else "", entry.encode()]
         try:
             return bool(self._set(keys=[self.key], args=args))
-        except (redis.exceptions.RedisError, OSError) as exc:
-            raise map_error(exc) from exc
+        except self._failures as exc:
+            raise self._map_error(exc) from exc
 
     def close(self) -> None:
         self._client.close()
