@@ -144,7 +144,8 @@ class Gateway:
         self.config = config
         self.router = router if router is not None else Router(
             config.workers, redis_url=config.redis_url, prefix=config.prefix, probe_interval=config.probe_interval,
-            max_attempts=config.max_attempts, first_byte_floor=config.first_byte_floor)
+            max_attempts=config.max_attempts, first_byte_floor=config.first_byte_floor,
+            allow_empty=bool(config.fleet.dns))
         self.registry = TemplateRegistry(self.router.store)
         self.fleet = fleet_for(config.redis_url, config.prefix, self.router, config.fleet)
         self.metrics = _process_metrics()

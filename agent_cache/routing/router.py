@@ -112,12 +112,12 @@ class Router:
         capacities: Mapping[str, int] | None = None,
         registry: Any = None,
         clock: Callable[[], float] = time.time,
-        release_delay: float = DEFAULT_RELEASE_DELAY,
-        lease: float = DEFAULT_LEASE,
+        release_delay: float = DEFAULT_RELEASE_DELAY, lease: float = DEFAULT_LEASE,
         first_byte_floor: float = DEFAULT_FLOOR,
         first_byte_factor: float = DEFAULT_FACTOR,
+        allow_empty: bool = False,  # start with no worker: they are added later (discovery, admin)
     ) -> None:
-        self._workers: list[WorkerConfig] = parse_workers(workers, allow_empty=True)  # or added later
+        self._workers: list[WorkerConfig] = parse_workers(workers, allow_empty=allow_empty)
         self._pools = parse_pools(pools, {w.pool for w in self._workers})
         if store is not None and redis_url is not None:
             raise ConfigError("store", "pass either store or redis_url, not both")
