@@ -191,6 +191,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def fleet_config(args: argparse.Namespace) -> FleetConfig:
     """The :class:`FleetConfig` of parsed ``serve`` flags (ConfigError naming the flag)."""
+    try:
+        return _fleet_config(args)
+    except ConfigError as exc:
+        flag = {"dns_interval": "--workers-dns-interval", "drain_timeout": "--worker-drain-timeout",
+                "refresh": "--fleet-refresh"}.get(exc.field, exc.field)
+        raise ConfigError(flag, str(exc).split(": ", 1)[-1]) from None
+
+
+def _fleet_config(args: argparse.Namespace) -> FleetConfig:
     return FleetConfig(dns=parse_targets(args.workers_dns or [], "--workers-dns"),
                        dns_interval=args.workers_dns_interval, dns_hosts=args.workers_dns_hosts,
                        drain_timeout=args.worker_drain_timeout, refresh=args.fleet_refresh,
