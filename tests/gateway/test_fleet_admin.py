@@ -208,3 +208,26 @@ def test_dns_discovery_adds_new_addresses_and_drains_removed_ones(procs, tmp_pat
     finally:
         for s in sims:
             s.stop()
+
+
+def test_a_drained_worker_stays_until_its_call_in_flight_ends(procs):
+    with SimFleet(2, time_scale=20.0) as fleet:  # a call takes about 3 s
+        gw = AgentCacheGateways(procs, fleet.urls, args=["--admin-loopback", "--fleet-refresh", REFRESH]).urls[0]
+        result: list[httpx.Response] = []
+        call = threading.Thread(target=lambda: result.append(
+            _chat(gw, "slow", [{"role": "user", "content": "a long answer"}], {})))
+        call.start()
+        busy: list[str] = []
+
+        def in_flight() -> bool:
+            busy[:] = [url for url, w in _listed(gw, {}).items() if w["load"] == 1]
+            return len(busy) == 1
+
+        _eventually(in_flight, "the call is in flight")
+        assert httpx.delete(gw + "/workers/" + quote(busy[0], safe="")).status_code == 202
+        time.sleep(1.2)  # four refreshes: past the settle time, the call still running
+        assert call.is_alive()
+        assert _listed(gw, {})[busy[0]]["state"] == "draining"
+        call.join(timeout=30)
+        assert result[0].status_code == 200 and result[0].headers["x-agent-cache-worker"] == busy[0]
+        _eventually(lambda: busy[0] not in _listed(gw, {}), "removed once its call ended", timeout=5.0)
