@@ -231,3 +231,20 @@ def test_a_drained_worker_stays_until_its_call_in_flight_ends(procs):
         call.join(timeout=30)
         assert result[0].status_code == 200 and result[0].headers["x-agent-cache-worker"] == busy[0]
         _eventually(lambda: busy[0] not in _listed(gw, {}), "removed once its call ended", timeout=5.0)
+
+
+def test_with_redis_away_each_replica_keeps_its_workers_and_calls_go_on(procs, redis_server_factory, keys_file):
+    server = redis_server_factory()
+    with SimFleet(3) as fleet:
+        first, second = _replicas(procs, fleet.urls[:2], server.url, keys_file).urls
+        assert httpx.post(first + "/workers", headers=ADMIN, json={"url": fleet.urls[2]}).status_code == 202
+        _eventually(lambda: fleet.urls[2] in _listed(second), "the second replica sees the new worker")
+        server.stop()
+        time.sleep(1.0)  # refreshes that find the board away
+        for gw in (first, second):
+            listed = _listed(gw)
+            assert set(listed) == set(fleet.urls) and {w["load"] for w in listed.values()} == {-1}
+            r = _chat(gw, f"away-{gw[-5:]}", [{"role": "user", "content": "hello"}], USER)
+            assert r.status_code == 200  # routed by hashing over the same three workers
+        r = httpx.post(first + "/workers", headers=ADMIN, json={"url": "http://127.0.0.1:9"})
+        assert r.status_code == 503 and r.json()["code"] == "STORE_UNAVAILABLE"
