@@ -103,7 +103,7 @@ def test_a_worker_added_on_one_replica_gets_new_sessions_from_the_other(procs, r
         t0 = time.monotonic()
         _eventually(lambda: new in _listed(second), "the second replica sees the new worker")
         seen_after = time.monotonic() - t0
-        assert seen_after < 2.0, seen_after  # within a refresh (0.3 s) plus the polling
+        assert seen_after < 3.0, seen_after  # a refresh is 0.3 s: the rest is polling on a busy machine
         info = httpx.get(second + "/workers/" + quote(new, safe=""), headers=ADMIN).json()
         assert info["source"] == "admin" and info["is_healthy"] is True and info["pool"] == "default"
         placed = [_chat(second, f"new-{i}", [{"role": "user", "content": f"task {i}"}], USER) for i in range(12)]
@@ -211,7 +211,7 @@ def test_dns_discovery_adds_new_addresses_and_drains_removed_ones(procs, tmp_pat
 
 
 def test_a_drained_worker_stays_until_its_call_in_flight_ends(procs):
-    with SimFleet(2, time_scale=20.0) as fleet:  # a call takes about 3 s
+    with SimFleet(2, time_scale=60.0) as fleet:  # a call of 8 tokens takes about 3.5 s
         gw = AgentCacheGateways(procs, fleet.urls, args=["--admin-loopback", "--fleet-refresh", REFRESH]).urls[0]
         result: list[httpx.Response] = []
         call = threading.Thread(target=lambda: result.append(
