@@ -168,7 +168,25 @@ def _port_on(*hosts: str) -> int:
     raise RuntimeError("no common free port")
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="binds 127.0.0.2 and 127.0.0.3 (all of 127/8 is loopback on Linux)")
+def _dns_gateways(procs: Processes, answer: Path, target: str, *extra: str, count: int = 1) -> list[str]:
+    """Gateways whose only workers are those the hosts file ``answer`` gives for ``target``."""
+    urls = []
+    for i in range(count):
+        port = free_port()
+        urls.append(f"http://127.0.0.1:{port}")
+        argv = [sys.executable, "-m", "agent_cache.cli", "serve", "--port", str(port), "--admin-loopback",
+                "--workers-dns", target, "--workers-dns-hosts", str(answer), "--workers-dns-interval", REFRESH,
+                "--fleet-refresh", REFRESH, *extra]
+        proc = procs.start(f"dns-gateway-{i}", argv)
+        wait_until(lambda: httpx.get(urls[-1] + "/health").status_code == 200, [proc], "gateway", timeout=60)
+    return urls
+
+
+LOOPBACK_ALIASES = pytest.mark.skipif(sys.platform != "linux",
+                                      reason="binds 127.0.0.2 and 127.0.0.3 (all of 127/8 is loopback on Linux)")
+
+
+@LOOPBACK_ALIASES
 def test_dns_discovery_adds_new_addresses_and_drains_removed_ones(procs, tmp_path):
     hosts = ["127.0.0.2", "127.0.0.3"]
     port = _port_on(*hosts)
@@ -178,13 +196,7 @@ def test_dns_discovery_adds_new_addresses_and_drains_removed_ones(procs, tmp_pat
     try:
         answer = tmp_path / "hosts"
         answer.write_text(f"{hosts[0]} sglang.inference.svc.cluster.local\n")
-        gw_port = free_port()
-        gw = f"http://127.0.0.1:{gw_port}"
-        argv = [sys.executable, "-m", "agent_cache.cli", "serve", "--port", str(gw_port), "--admin-loopback",
-                "--workers-dns", f"sglang.inference.svc.cluster.local:{port}", "--workers-dns-hosts", str(answer),
-                "--workers-dns-interval", REFRESH, "--fleet-refresh", REFRESH]
-        proc = procs.start("dns-gateway", argv)
-        wait_until(lambda: httpx.get(gw + "/health").status_code == 200, [proc], "gateway", timeout=60)
+        (gw,) = _dns_gateways(procs, answer, f"sglang.inference.svc.cluster.local:{port}")
         a, b = (f"http://{h}:{port}" for h in hosts)
         assert _listed(gw, {}) == {a: {"id": a, "url": a, "worker_type": "regular", "connection_mode": "http",
                                       "is_healthy": True, "load": 0, "pool": "default", "state": "up",
@@ -248,3 +260,29 @@ def test_with_redis_away_each_replica_keeps_its_workers_and_calls_go_on(procs, r
             assert r.status_code == 200  # routed by hashing over the same three workers
         r = httpx.post(first + "/workers", headers=ADMIN, json={"url": "http://127.0.0.1:9"})
         assert r.status_code == 503 and r.json()["code"] == "STORE_UNAVAILABLE"
+
+
+@LOOPBACK_ALIASES
+def test_replicas_discovering_the_same_name_agree_through_redis(procs, tmp_path, redis_url):
+    hosts = ["127.0.0.2", "127.0.0.3"]
+    port = _port_on(*hosts)
+    sims = [SimWorkerThread(host=h, port=port) for h in hosts]
+    for s in sims:
+        s.start()
+    try:
+        answer = tmp_path / "hosts"
+        answer.write_text(f"{hosts[0]} sglang\n")
+        replicas = _dns_gateways(procs, answer, f"sglang:{port}", "--redis", redis_url, "--prefix",
+                                 f"dns-{uuid.uuid4().hex[:8]}", count=2)
+        a, b = (f"http://{h}:{port}" for h in hosts)
+        answer.write_text(f"{hosts[0]} sglang\n{hosts[1]} sglang\n")
+        for gw in replicas:
+            _eventually(lambda gw=gw: set(_listed(gw, {})) == {a, b}, "both replicas see the new address")
+        answer.write_text(f"{hosts[1]} sglang\n")
+        for gw in replicas:
+            _eventually(lambda gw=gw: set(_listed(gw, {})) == {b}, "both replicas drop the removed address")
+            r = _chat(gw, f"dns-{gw[-5:]}", [{"role": "user", "content": "hello"}], {})
+            assert r.status_code == 200 and r.headers["x-agent-cache-worker"] == b
+    finally:
+        for s in sims:
+            s.stop()
