@@ -265,7 +265,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from agent_cache.errors import ConfigError
-    from agent_cache.gateway import GatewayConfig, create_app, http_limits, load_api_keys
+    from agent_cache.gateway import GatewayConfig, admin, create_app, http_limits, load_api_keys
 
     workers: list[str | dict[str, str]] = list(args.workers or [])
     for spec in args.pool or []:
@@ -282,6 +282,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes, timeout=args.timeout, max_attempts=args.max_attempts,
             extra_fields=frozenset(f.strip() for f in (args.extra_fields or "").split(",") if f.strip()),
             worker_api_key=environment.value(environment.API_KEY), first_byte_floor=args.first_byte_floor,
+            fleet=admin.fleet_config(args),
         )
         if not _store_ready(args.redis, args.prefix, debug=args.log_level == "debug"):
             return 1
@@ -305,8 +306,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from agent_cache.gateway import admin, http_limits
     from agent_cache.gateway import config as gw
-    from agent_cache.gateway import http_limits
     from agent_cache.templates.templater import TemplateMode
 
     p = sub.add_parser("serve", help="an OpenAI-compatible gateway with sticky, template-aware routing "
@@ -347,6 +348,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="seconds an idle client connection stays open (default %(default)s: longer than the "
                         "60 s idle timeout of common load balancers, so they never reuse a closed one)")
     http_limits.add_arguments(p)
+    admin.add_arguments(p)
     p.add_argument("--log-level", default="warning")
     p.add_argument("--http", default="auto", choices=["auto", "httptools", "h11"],
                    help="HTTP parser (default auto: httptools, installed with agent-cache; docs/benchmarks.md)")

@@ -44,6 +44,7 @@ from agent_cache.errors import (
     WorkerTimeoutError,
 )
 from agent_cache.gateway import authz
+from agent_cache.gateway.admin import Admin, fleet_for
 from agent_cache.gateway.config import GatewayConfig
 from agent_cache.gateway.keys import ApiKey, key_digest
 from agent_cache.gateway.ratelimit import RateLimits
@@ -150,8 +151,10 @@ class Gateway:
         self.config = config
         self.router = router if router is not None else Router(
             config.workers, redis_url=config.redis_url, prefix=config.prefix, probe_interval=config.probe_interval,
-            max_attempts=config.max_attempts, first_byte_floor=config.first_byte_floor)
+            max_attempts=config.max_attempts, first_byte_floor=config.first_byte_floor,
+            allow_empty=bool(config.fleet.dns))
         self.registry = TemplateRegistry(self.router.store)
+        self.fleet = fleet_for(config.redis_url, config.prefix, self.router, config.fleet)
         self.metrics = _process_metrics()
         self._templaters: dict[str, Templater] = {}
         self.upstream = Upstream(timeout=config.timeout, max_connections=config.max_concurrency,
@@ -475,6 +478,7 @@ class Gateway:
 
     async def aclose(self) -> None:
         await self.limits.aclose()
+        await asyncio.to_thread(self.fleet.stop)
         await self.upstream.aclose()
         self.registry.close()
         await self.router.aclose()
@@ -651,6 +655,7 @@ def create_app(config: GatewayConfig, router: Router | None = None) -> Starlette
             Route("/health", gateway.health, methods=["GET"]),
             Route("/ready", gateway.ready, methods=["GET"]),
             Route("/metrics", gateway.prometheus, methods=["GET"]),
+            *Admin(gateway.fleet, config.api_keys, gateway.authorize).routes(),
         ],
         lifespan=_lifespan(gateway),
     )
@@ -664,6 +669,7 @@ def _lifespan(gateway: Gateway) -> Callable[[Starlette], Any]:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         encoder()  # load the tokenizer the templates count with now, not inside the first call
         await gateway.check_store()
+        await asyncio.to_thread(gateway.fleet.start)  # the shared fleet (and DNS) before the first call
         yield
         await gateway.aclose()
 

@@ -9,6 +9,7 @@ from agent_cache.backends.request_check import TENANT_FIELDS
 from agent_cache.errors import ConfigError
 from agent_cache.gateway.keys import ApiKey
 from agent_cache.routing.first_byte import DEFAULT_FLOOR
+from agent_cache.routing.fleet import FleetConfig
 from agent_cache.store.base import DEFAULT_PREFIX
 from agent_cache.templates.templater import TemplateMode
 
@@ -40,10 +41,11 @@ class GatewayConfig:
     extra_fields: frozenset[str] = field(default_factory=frozenset)  # request fields passed through unchecked
     worker_api_key: str | None = field(default=None, repr=False)  # the workers' --api-key, sent to them
     first_byte_floor: float = DEFAULT_FLOOR  # the shortest adaptive first-byte deadline of a streamed call
+    fleet: FleetConfig = field(default_factory=FleetConfig)  # workers added, drained, discovered at run time
 
     def __post_init__(self) -> None:
-        if not self.workers:
-            raise ConfigError("workers", "give at least one worker URL")
+        if not self.workers and not self.fleet.dns:
+            raise ConfigError("workers", "give at least one worker URL (or --workers-dns)")
         if not self.session_header or any(c.isspace() or c == ":" for c in self.session_header):
             raise ConfigError("session_header", f"not an HTTP header name: {self.session_header!r}")
         try:

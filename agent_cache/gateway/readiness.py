@@ -78,6 +78,8 @@ async def check_readiness(router: Router, *, probing: bool) -> Readiness:
     store = await store_state(router)
     if store == "refused":
         return Readiness(False, store, "the metadata store refuses the gateway (see its log)")
+    if not router.workers:  # discovery has found none yet
+        return Readiness(False, store, "no worker yet")
     missing = pools_without_healthy_worker(router, probing=probing)
     if missing:
         return Readiness(False, store, f"no healthy worker in pool {', '.join(repr(p) for p in missing)}")

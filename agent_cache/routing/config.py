@@ -27,11 +27,11 @@ class WorkerConfig:
     pool: str = DEFAULT_POOL
 
 
-def parse_workers(workers: Sequence[str | Mapping[str, Any]]) -> list[WorkerConfig]:
-    """Plain URLs (pool ``default``) or ``{"url": ..., "pool": ...}`` dicts."""
+def parse_workers(workers: Sequence[str | Mapping[str, Any]], *, allow_empty: bool = False) -> list[WorkerConfig]:
+    """Plain URLs (pool ``default``) or ``{"url": ..., "pool": ...}`` dicts (none only with ``allow_empty``)."""
     if isinstance(workers, (str, bytes)) or not isinstance(workers, Sequence):
         raise ConfigError("workers", f"expected a list of worker URLs or dicts, got {type(workers).__name__}")
-    if not workers:
+    if not workers and not allow_empty:
         raise ConfigError("workers", "at least one worker is needed")
     out: list[WorkerConfig] = []
     seen: set[str] = set()

@@ -76,8 +76,7 @@ DEFAULT_RELEASE_DELAY = 0.01
 # long after its last write. Routers renew every lease / 3 (2 s) while calls run.
 DEFAULT_LEASE = 6.0
 
-__all__ = ["DEFAULT_CAPACITY", "DEFAULT_LEASE", "DEFAULT_PROBE_TIMEOUT", "DEFAULT_RELEASE_DELAY", "Placement",
-           "RouteRequest", "Router"]
+__all__ = ["DEFAULT_CAPACITY", "DEFAULT_LEASE", "DEFAULT_PROBE_TIMEOUT", "DEFAULT_RELEASE_DELAY", "Placement", "RouteRequest", "Router"]
 
 
 class Router(AsyncFace):
@@ -117,12 +116,12 @@ class Router(AsyncFace):
         capacities: Mapping[str, int] | None = None,
         registry: Any = None,
         clock: Callable[[], float] = time.time,
-        release_delay: float = DEFAULT_RELEASE_DELAY,
-        lease: float = DEFAULT_LEASE,
+        release_delay: float = DEFAULT_RELEASE_DELAY, lease: float = DEFAULT_LEASE,
         first_byte_floor: float = DEFAULT_FLOOR,
         first_byte_factor: float = DEFAULT_FACTOR,
+        allow_empty: bool = False,  # start with no worker: they are added later (discovery, admin)
     ) -> None:
-        self._workers: list[WorkerConfig] = parse_workers(workers)
+        self._workers: list[WorkerConfig] = parse_workers(workers, allow_empty=allow_empty)
         self._pools = parse_pools(pools, {w.pool for w in self._workers})
         if store is not None and redis_url is not None:
             raise ConfigError("store", "pass either store or redis_url, not both")
@@ -208,7 +207,7 @@ class Router(AsyncFace):
         if self._pools is not None:
             return pool_for_session(request.session_id, self._pools)
         pools = [w.pool for w in self._workers]
-        return DEFAULT_POOL if DEFAULT_POOL in pools else pools[0]
+        return DEFAULT_POOL if DEFAULT_POOL in pools or not pools else pools[0]
 
     # --- routing --------------------------------------------------------------------
 

@@ -213,10 +213,10 @@ def test_sglang_workers_run_the_documented_flags_on_a_gpu_behind_a_headless_serv
     assert port == int(documented["--port"] or 0)
     assert {p for p, _ in _probes(container).values()} == {"/health"}
 
-    # the gateway lists exactly the StatefulSet's pods, by their stable names
-    name, replicas = workers["metadata"]["name"], workers["spec"]["replicas"]
-    expected = [f"http://{name}-{i}.{service['metadata']['name']}:{port}" for i in range(replicas)]
-    assert _serve_args(_container(_one("Deployment", "agent-cache-gateway"))).workers == expected
+    # the gateway discovers the StatefulSet's ready pods through the headless Service's DNS name
+    gateway = _serve_args(_container(_one("Deployment", "agent-cache-gateway")))
+    assert gateway.workers_dns == [f"{service['metadata']['name']}:{port}"] and not gateway.workers
+    assert not service["spec"].get("publishNotReadyAddresses")  # a pod is listed once its /health answers
 
 
 def test_redis_is_a_single_instance_for_trying_with_the_production_note():
@@ -284,7 +284,11 @@ def test_the_probe_paths_answer_200_on_a_gateway_started_with_the_manifest_flags
 
     with SimFleet(2) as fleet, Processes() as procs:
         # what differs on loopback: the worker names, the port, where the mounted Secret file lies
-        replace("--workers", ",".join(fleet.urls))
+        hosts = tmp_path / "hosts"  # the headless Service's name, answered by a hosts file instead of DNS
+        name, _, _ = argv[argv.index("--workers-dns") + 1].partition(":")
+        hosts.write_text(f"127.0.0.1 {name}\n")
+        replace("--workers-dns", f"{name}:{fleet.urls[0].rsplit(':', 1)[1]}")
+        argv += ["--workers-dns-hosts", str(hosts)]
         replace("--port", str(port))
         replace("--host", "127.0.0.1")
         replace("--api-keys", str(keys))
