@@ -35,6 +35,7 @@ from agent_cache.errors import (
     WorkerConnectionError,
     WorkerTimeoutError,
 )
+from agent_cache.telemetry import trace_context
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -140,6 +141,7 @@ class SGLangClient(_Base):
             base_url=self.base_url,
             timeout=_timeout(timeout),
             headers=self._headers,
+            event_hooks={"request": [trace_context.add_headers]},  # a traced call's traceparent
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
 
@@ -316,6 +318,7 @@ class AsyncSGLangClient(_Base):
             base_url=self.base_url,
             timeout=_timeout(timeout),
             headers=self._headers,
+            event_hooks={"request": [trace_context.aadd_headers]},
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
 

@@ -60,6 +60,7 @@ from agent_cache.gateway.requests import (
 from agent_cache.routing.conversation import conversation_session
 from agent_cache.routing.lifecycle import RETRY_BACKOFF, Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, Router
+from agent_cache.telemetry import tracing
 from agent_cache.templates import Templater, TemplateRegistry
 from agent_cache.templates.templater import encoder
 
@@ -70,6 +71,7 @@ SESSION_HEADER = "x-agent-cache-session"
 POOL_HEADER = "x-agent-cache-pool"
 _NO_KEY = ApiKey("default")
 _PROMPT_FIELD = {CHAT: "messages", COMPLETIONS: "prompt", GENERATE: "text"}
+_OPERATION = {CHAT: "chat", COMPLETIONS: "text_completion", GENERATE: "text_completion"}  # gen_ai.operation.name
 BODY_TIMEOUT = 60.0  # seconds a client may take to send its request body
 CLIENT_CLOSED = 499  # the client went away before the answer (nginx's convention; nobody reads it)
 T = TypeVar("T")
@@ -197,7 +199,7 @@ class Gateway:
 
     def _lifecycle(self, call: GatewayCall) -> CallLifecycle:
         return CallLifecycle(self.router, call.route, max_attempts=self.config.max_attempts, backoff=RETRY_BACKOFF,
-                             last_resort=True)
+                             last_resort=True, trace=tracing.call_attributes(call.model, _OPERATION[call.path]))
 
     def _served(self, call: GatewayCall, placement: Placement) -> None:
         if call.prompt is not None:
@@ -240,6 +242,7 @@ class Gateway:
         return response
 
     async def _prepare(self, request: Request, path: str) -> GatewayCall:
+        tracing.continue_incoming(request.headers)  # the caller's traceparent parents the call's span
         grant = self.authorize(request)
         try:
             body, checked = await _within(BODY_TIMEOUT, self.read_body(request))
