@@ -42,6 +42,7 @@ from agent_cache.errors import (
     StreamError,
     WorkerTimeoutError,
 )
+from agent_cache.gateway import access_log
 from agent_cache.gateway.config import GatewayConfig
 from agent_cache.gateway.keys import ApiKey, key_digest
 from agent_cache.gateway.readiness import ready_response
@@ -198,8 +199,10 @@ class Gateway:
         self.metrics.inflight.dec()
 
     def _lifecycle(self, call: GatewayCall) -> CallLifecycle:
+        entry = access_log.current()  # the call's access log line, when that log is on
         return CallLifecycle(self.router, call.route, max_attempts=self.config.max_attempts, backoff=RETRY_BACKOFF,
-                             last_resort=True, trace=tracing.call_attributes(call.model, _OPERATION[call.path]))
+                             last_resort=True, trace=tracing.call_attributes(call.model, _OPERATION[call.path]),
+                             observer=entry.call(call.route.tenant, call.route.session_id) if entry else None)
 
     def _served(self, call: GatewayCall, placement: Placement) -> None:
         if call.prompt is not None:
@@ -398,6 +401,7 @@ class Gateway:
                     yield item
             except Exception as exc:  # the status line is sent: end the stream with an error event
                 status["label"] = "stream_error"
+                access_log.stream_broke()
                 logger.warning("stream through %s broke: %s", current[-1].worker if current else "?", exc)
                 error = {"error": {"message": str(exc), "type": "server_error", "code": 502}}
                 yield b"data: " + json.dumps(error).encode() + b"\n\n"
@@ -434,6 +438,15 @@ class Gateway:
         return await ready_response(self.router, probing=self.config.probe_interval is not None)
 
     async def prometheus(self, request: Request) -> Response:
+        """With API keys, /metrics on the main port is for admin keys (scrapers use --metrics-port)."""
+        if self.config.api_keys is not None:
+            try:
+                grant = self.authorize(request)
+            except RequestRejectedError as exc:
+                return _error_for(exc)
+            if not grant.is_admin:
+                return error_response(403, "/metrics on this port needs an admin key (role=admin in the keys "
+                                           "file); scrape --metrics-port instead", code="admin_key_required")
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     async def check_store(self) -> None:
@@ -591,6 +604,12 @@ class _Proxied:
         self.path = path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if access_log.enabled():  # --log-format json (or text at --log-level info)
+            await access_log.logged(self._serve, scope, receive, send)
+        else:
+            await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = await self.gateway.proxy(Request(scope, receive), self.path, send)
         if response is not None:
             await response(scope, receive, send)

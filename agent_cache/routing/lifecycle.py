@@ -130,18 +130,18 @@ def call_flow(workers: Sequence[str], *, max_attempts: int, backoff: float = 0.0
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def traced(flow: Generator[Step, Any, tuple[Any, Placement]], request: RouteRequest,
-           attributes: Mapping[str, Any] | None) -> Generator[Step, Any, tuple[Any, Placement]]:
-    """``flow``, with the call's span (from its first step) and each attempt's span told of its steps
-    (:mod:`agent_cache.telemetry.tracing`; ``attributes``: the call span's, such as the model)."""
-    trace = tracing.start_call(request, attributes)
+def observed(flow: Generator[Step, Any, tuple[Any, Placement]],
+             observers: Sequence[tracing.CallTrace]) -> Generator[Step, Any, tuple[Any, Placement]]:
+    """``flow``, with ``observers`` (the call's spans, the gateway's access log line) told of each attempt
+    and of how the call ended (:mod:`agent_cache.telemetry`)."""
     try:
         step = next(flow)
         while True:
-            if isinstance(step, Send):
-                trace.attempt(step.placement)
-            elif isinstance(step, Settle):
-                trace.settled(step.placement, step.error, step.usage)
+            for o in observers:
+                if isinstance(step, Send):
+                    o.attempt(step.placement)
+                elif isinstance(step, Settle):
+                    o.settled(step.placement, step.error, step.usage)
             try:
                 reply = yield step
             except BaseException as exc:  # NoHealthyWorkerError thrown in by a runner, or the flow closed
@@ -149,10 +149,12 @@ def traced(flow: Generator[Step, Any, tuple[Any, Placement]], request: RouteRequ
                 continue
             step = flow.send(reply)
     except StopIteration as stop:
-        trace.end(stop.value[1], None)
+        for o in observers:
+            o.end(stop.value[1], None)
         return stop.value  # type: ignore[no-any-return]
     except BaseException as exc:
-        trace.end(None, exc)
+        for o in observers:
+            o.end(None, exc)
         raise
 
 
@@ -187,13 +189,16 @@ class CallLifecycle:
     """
 
     def __init__(self, router: Routes, request: RouteRequest, *, max_attempts: int, backoff: float = 0.0,
-                 last_resort: bool = False, trace: Mapping[str, Any] | None = None) -> None:
+                 last_resort: bool = False, trace: Mapping[str, Any] | None = None,
+                 observer: tracing.CallTrace | None = None) -> None:
         self.router = router
         self.request = request
         self.flow = call_flow([w.url for w in router.workers], max_attempts=max_attempts, backoff=backoff,
                               last_resort=last_resort)
-        if tracing.tracer() is not None:  # OpenTelemetry, configured by OTEL_*; ``trace``: the call span's attributes
-            self.flow = traced(self.flow, request, trace)
+        # spans (OpenTelemetry, configured by OTEL_*; ``trace``: the call span's attributes) and ``observer``
+        observers = [o for o in (tracing.start_call(request, trace), observer) if o is not None]
+        if observers:
+            self.flow = observed(self.flow, observers)
         self.result: tuple[Any, Placement] | None = None
 
     # Choose answers the flow with (placement, None), or (None, the NoHealthyWorkerError to throw into it)

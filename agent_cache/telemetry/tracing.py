@@ -27,7 +27,8 @@ from agent_cache.telemetry import trace_context
 logger = logging.getLogger("agent_cache.tracing")
 
 class CallTrace(Protocol):
-    """The spans of one call: its lifecycle tells it each attempt and how the call ended."""
+    """What follows one call (its spans, its access log line): its lifecycle tells it each attempt
+    and how the call ended."""
 
     def attempt(self, placement: Placement) -> None: ...
 
@@ -87,21 +88,10 @@ def call_attributes(model: str | None, operation: str) -> dict[str, Any]:
     return attributes
 
 
-class _NoTrace:
-    def attempt(self, placement: Placement) -> None:
-        pass
-
-    def settled(self, placement: Placement, error: BaseException | None, usage: Usage | None) -> None:
-        pass
-
-    def end(self, placement: Placement | None, error: BaseException | None) -> None:
-        pass
-
-
-def start_call(request: RouteRequest, attributes: Mapping[str, Any] | None = None) -> CallTrace:
-    """The spans of a call now starting (nothing is recorded when tracing is off)."""
+def start_call(request: RouteRequest, attributes: Mapping[str, Any] | None = None) -> CallTrace | None:
+    """The spans of a call now starting; None when tracing is off."""
     t = tracer()
-    return _NoTrace() if t is None else t.start_call(request, attributes or {})
+    return None if t is None else t.start_call(request, attributes or {})
 
 
 def continue_incoming(headers: Mapping[str, str]) -> None:
