@@ -117,23 +117,28 @@ def test_chat_sglang_emits_the_same_spans(receiver, monkeypatch):
     try:
         _otel_env(monkeypatch, receiver)
         script = textwrap.dedent(f"""
+            import asyncio
             from agent_cache import ChatSGLang
             model = ChatSGLang(model="sim-model", workers=[{server.url!r}], max_tokens=8)
-            for _ in range(2):
-                model.invoke([("system", {SYSTEM!r}), ("user", "hello")], config={{"configurable": {{"session_id": "s-9"}}}})
+            messages = [("system", {SYSTEM!r}), ("user", "hello")]
+            config = {{"configurable": {{"session_id": "s-9"}}}}
+            model.invoke(messages, config=config)
+            asyncio.run(model.ainvoke(messages, config=config))
+            list(model.stream(messages, config=config))
         """)
         subprocess.run([sys.executable, "-c", script], check=True, timeout=60)  # spans are flushed at exit
-        spans = receiver.wait_for(lambda s: len(_calls(s)) == 2)
+        spans = receiver.wait_for(lambda s: len(_calls(s)) == 3)
     finally:
         server.stop()
-    calls = _calls(spans)
+    calls = _calls(spans)  # sync, async and streamed
     assert all(c.name == "chat sim-model" and c.attributes["gen_ai.request.model"] == "sim-model" for c in calls)
     assert all(c.attributes["agent_cache.worker"] == server.url and c.attributes["agent_cache.attempts"] == 1
                for c in calls)
     assert max(c.attributes.get("agent_cache.cached_tokens", 0) for c in calls) > 200
     assert all(c.attributes["gen_ai.usage.input_tokens"] > 200 for c in calls)
     attempts = [s for s in spans if s.name.startswith("attempt ")]
-    assert len(attempts) == 2 and all(a.parent_span_id in {c.span_id for c in calls} for a in attempts)
+    assert len(attempts) == 3 and all(a.parent_span_id in {c.span_id for c in calls} for a in attempts)
+    assert all(c.attributes["agent_cache.session.hash"] == _session_hash("s-9") for c in calls)
     assert sorted(h["traceparent"].split("-")[1:3] for h in worker.headers) == sorted(
         [s.trace_id, s.span_id] for s in attempts)
 
