@@ -35,8 +35,8 @@ from agent_cache.backends.sglang import AsyncSGLangClient, SGLangClient, normali
 from agent_cache.errors import ConfigError, TemplateError
 from agent_cache.routing.config import check_tenant
 from agent_cache.routing.lifecycle import RETRY_BACKOFF, Attempt, CallLifecycle
-from agent_cache.telemetry import tracing
 from agent_cache.routing.router import Placement, RouteRequest, Router
+from agent_cache.telemetry import tracing
 from agent_cache.templates import NormalizedPrompt, Templater, TemplateRegistry
 from agent_cache.templates.templater import encoder
 from agent_cache.traces import TraceWriter
