@@ -17,8 +17,9 @@ WORKDIR /src
 # only what the wheel needs (.dockerignore keeps the rest out of the context)
 COPY pyproject.toml README.md ./
 COPY agent_cache ./agent_cache
-RUN /opt/agent-cache/bin/pip install . \
-    && /opt/agent-cache/bin/python -c "import agent_cache.gateway, agent_cache.cli"
+# with the otel extra: tracing is then switched on by OTEL_* at run time (docs/gateway.md)
+RUN /opt/agent-cache/bin/pip install ".[otel]" \
+    && /opt/agent-cache/bin/python -c "import agent_cache.gateway, agent_cache.cli, agent_cache.telemetry.otel"
 
 # --- runtime: the same base, the environment, no compiler, no sources ---------------
 FROM ${PYTHON_IMAGE} AS runtime

@@ -262,10 +262,9 @@ def _cannot_listen(host: str, port: int) -> str | None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from agent_cache.errors import ConfigError
-    from agent_cache.gateway import GatewayConfig, admin, create_app, http_limits, load_api_keys
+    from agent_cache.gateway import GatewayConfig, admin, create_app, http_limits, load_api_keys, serving
+    from agent_cache.telemetry import log_format, tracing
 
     workers: list[str | dict[str, str]] = list(args.workers or [])
     for spec in args.pool or []:
@@ -296,12 +295,27 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"agent-cache serve: {exc}", file=sys.stderr)
         return 2
     keys = "off" if config.api_keys is None else f"{len(config.api_keys)} keys"
-    print(f"agent-cache gateway on http://{args.host}:{args.port} -> {len(workers)} workers "
-          f"(store: {'redis' if args.redis else 'in-process'}, API keys: {keys})", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.keep_alive, backlog=4096,
-                loop=args.loop, proxy_headers=False,  # no client address is used: skip its rewrite
-                **http_limits.uvicorn_options(limits, args.http, http_limits.raise_open_file_limit()))
+    metrics = ""
+    if args.metrics_port is not None:
+        try:
+            bound = serving.start_metrics_listener(args.host, args.metrics_port)
+        except OSError as exc:
+            print(f"agent-cache serve: error: --metrics-port {args.metrics_port}: {exc}", file=sys.stderr)
+            return 1
+        metrics = f", metrics on http://{args.host}:{bound}/metrics"
+
+    def banner(port: int) -> str:  # printed once the port is bound and the store checked
+        return (f"agent-cache gateway on http://{args.host}:{port} -> {len(workers)} workers "
+                f"(store: {'redis' if args.redis else 'in-process'}, API keys: {keys}{metrics}, "
+                f"tracing: {'on' if tracing.tracer() is not None else 'off'})")
+
+    started = serving.run(
+        app, banner, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+        log_config=log_format.logging_config(args.log_format, args.log_level),
+        timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.keep_alive, backlog=4096,
+        loop=args.loop, proxy_headers=False,  # no client address is used: skip its rewrite
+        **http_limits.uvicorn_options(limits, args.http, http_limits.raise_open_file_limit()))
+    return 0 if started else 1
     return 0
 
 
@@ -350,6 +364,12 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     http_limits.add_arguments(p)
     admin.add_arguments(p)
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--log-format", default="text", choices=["text", "json"],
+                   help="log lines as text, or one JSON object per line; json also writes an access line per "
+                        "call (request id, tenant, session hash, worker, status, latency, cached tokens)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve /metrics on this port too, without an API key (for in-cluster scraping); with "
+                        "--api-keys, /metrics on --port needs an admin key")
     p.add_argument("--http", default="auto", choices=["auto", "httptools", "h11"],
                    help="HTTP parser (default auto: httptools, installed with agent-cache; docs/benchmarks.md)")
     p.add_argument("--loop", default="auto", choices=["auto", "uvloop", "asyncio"],

@@ -36,6 +36,7 @@ from agent_cache.errors import (
     WorkerConnectionError,
     WorkerTimeoutError,
 )
+from agent_cache.telemetry import trace_context
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -141,6 +142,7 @@ class SGLangClient(_Base):
             base_url=self.base_url,
             timeout=_timeout(timeout),
             headers=self._headers,
+            event_hooks={"request": [trace_context.add_headers]},  # a traced call's traceparent
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
 
@@ -318,6 +320,7 @@ class AsyncSGLangClient(_Base):
             base_url=self.base_url,
             timeout=_timeout(timeout),
             headers=self._headers,
+            event_hooks={"request": [trace_context.aadd_headers]},
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
 

@@ -43,7 +43,7 @@ from agent_cache.errors import (
     StreamError,
     WorkerTimeoutError,
 )
-from agent_cache.gateway import authz
+from agent_cache.gateway import access_log, authz
 from agent_cache.gateway.admin import Admin, fleet_for
 from agent_cache.gateway.config import GatewayConfig
 from agent_cache.gateway.keys import ApiKey, key_digest
@@ -64,6 +64,7 @@ from agent_cache.gateway.requests import (
 from agent_cache.routing.conversation import conversation_session
 from agent_cache.routing.lifecycle import RETRY_BACKOFF, Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, Router
+from agent_cache.telemetry import tracing
 from agent_cache.templates import Templater, TemplateRegistry
 from agent_cache.templates.templater import encoder
 
@@ -74,6 +75,7 @@ SESSION_HEADER = "x-agent-cache-session"
 POOL_HEADER = authz.POOL_HEADER
 _NO_KEY = authz.OPERATOR  # without API keys: one caller, allowed everything
 _PROMPT_FIELD = {CHAT: "messages", COMPLETIONS: "prompt", GENERATE: "text"}
+_OPERATION = {CHAT: "chat", COMPLETIONS: "text_completion", GENERATE: "text_completion"}  # gen_ai.operation.name
 BODY_TIMEOUT = 60.0  # seconds a client may take to send its request body
 CLIENT_CLOSED = 499  # the client went away before the answer (nginx's convention; nobody reads it)
 T = TypeVar("T")
@@ -207,8 +209,10 @@ class Gateway:
         self.metrics.inflight.dec()
 
     def _lifecycle(self, call: GatewayCall) -> CallLifecycle:
+        entry = access_log.current()  # the call's access log line, when that log is on
         return CallLifecycle(self.router, call.route, max_attempts=self.config.max_attempts, backoff=RETRY_BACKOFF,
-                             last_resort=True)
+                             last_resort=True, trace=tracing.call_attributes(call.model, _OPERATION[call.path]),
+                             observer=entry.call(call.route.tenant, call.route.session_id) if entry else None)
 
     def _served(self, call: GatewayCall, placement: Placement) -> None:
         if call.prompt is not None:
@@ -251,6 +255,7 @@ class Gateway:
         return response
 
     async def _prepare(self, request: Request, path: str) -> GatewayCall:
+        tracing.continue_incoming(request.headers)  # the caller's traceparent parents the call's span
         grant = self.authorize(request)
         try:
             body, checked = await _within(BODY_TIMEOUT, self.read_body(request))
@@ -418,6 +423,7 @@ class Gateway:
                     yield item
             except Exception as exc:  # the status line is sent: end the stream with an error event
                 status["label"] = "stream_error"
+                access_log.stream_broke()
                 logger.warning("stream through %s broke: %s", current[-1].worker if current else "?", exc)
                 error = {"error": {"message": authz.hide_urls(str(exc)), "type": "server_error", "code": 502}}
                 yield b"data: " + json.dumps(error).encode() + b"\n\n"
@@ -459,6 +465,7 @@ class Gateway:
         return await ready_response(self.router, probing=self.config.probe_interval is not None, detail=detail)
 
     async def prometheus(self, request: Request) -> Response:
+        """With API keys, /metrics on the main port is for admin keys (scrapers use --metrics-port)."""
         try:
             authz.require_admin(self.authorize(request))
         except RequestRejectedError as exc:
@@ -622,6 +629,12 @@ class _Proxied:
         self.path = path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if access_log.enabled():  # --log-format json (or text at --log-level info)
+            await access_log.logged(self._serve, scope, receive, send)
+        else:
+            await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = await self.gateway.proxy(Request(scope, receive), self.path, send)
         if response is not None:
             await response(scope, receive, send)

@@ -69,6 +69,7 @@ class GatewayCall:
     include_usage: bool  # the client asked for the usage chunk of a stream
     prompt: NormalizedPrompt | None  # chat only: recorded in the template registry once served
     grant: ApiKey | None = None  # the caller's API key (what it may see and is charged)
+    model: str | None = None  # as the client named it (traces and logs)
 
 
 def _no_constant(name: str) -> Any:
@@ -193,4 +194,6 @@ def prepare(path: str, body: dict[str, Any], *, grant: ApiKey, extra_key: str | 
         params["stream_options"] = {**(options or {}), "include_usage": True}  # the router needs the usage
     route = RouteRequest(session_id=session, template_id=template_id, tenant=grant.tenant,
                          pool=grant.pool or pool, prompt_tokens_estimate=tokens)
-    return GatewayCall(path, _encode(params), route, stream, include_usage or path == GENERATE, prompt, grant)
+    model = params.get("model")
+    return GatewayCall(path, _encode(params), route, stream, include_usage or path == GENERATE, prompt, grant,
+                       model if isinstance(model, str) else None)

@@ -28,6 +28,7 @@ from agent_cache.errors import (
     WorkerConnectionError,
     WorkerTimeoutError,
 )
+from agent_cache.telemetry import trace_context
 
 # SGLang's HTTP server (uvicorn) closes a connection idle for 5 s; closing ours first means a
 # pooled connection is rarely reused just as the worker drops it (and one that was is retried)
@@ -249,8 +250,8 @@ class Upstream:
 
     def _request(self, method: bytes, origin: _Origin, path: str, body: bytes) -> bytes:
         host = f"[{origin.host}]" if ":" in origin.host else origin.host  # an IPv6 address
-        head = b"%s %s HTTP/1.1\r\nHost: %s:%d\r\n%s" % (method, (origin.base + path).encode(), host.encode(),
-                                                         origin.port, self._auth)
+        head = b"%s %s HTTP/1.1\r\nHost: %s:%d\r\n%s%s" % (method, (origin.base + path).encode(), host.encode(),
+                                                           origin.port, self._auth, trace_context.header_lines())
         if method == b"GET":
             return head + b"\r\n"
         return head + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)

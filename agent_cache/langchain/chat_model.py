@@ -36,6 +36,7 @@ from agent_cache.errors import ConfigError, TemplateError
 from agent_cache.routing.config import check_tenant
 from agent_cache.routing.lifecycle import RETRY_BACKOFF, Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, RouteRequest, Router
+from agent_cache.telemetry import tracing
 from agent_cache.templates import NormalizedPrompt, Templater, TemplateRegistry
 from agent_cache.templates.templater import encoder
 from agent_cache.traces import TraceWriter
@@ -431,7 +432,7 @@ class ChatSGLang(BaseChatModel):
         # after a failure the next try may use a worker whose breaker is open: the
         # evidence may be stale (a restart), and the backoff paces the trial
         return CallLifecycle(self._router, call.request, max_attempts=self.max_retries + 1, backoff=RETRY_BACKOFF,
-                             last_resort=True)
+                             last_resort=True, trace=tracing.call_attributes(call.model, "chat"))
 
     # --- non-streaming ------------------------------------------------------------
 

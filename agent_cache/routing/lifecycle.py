@@ -21,12 +21,14 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, Awaitable, Callable, Generator, Iterator, Protocol, Sequence, TypeVar, Union
+from typing import (Any, AsyncGenerator, Awaitable, Callable, Generator, Iterator, Mapping, Protocol, Sequence, TypeVar,
+                    Union)
 
 from agent_cache.backends.protocol import Usage
 from agent_cache.errors import BackendError, NoHealthyWorkerError
 from agent_cache.routing.config import WorkerConfig
 from agent_cache.routing.types import Placement, RouteRequest
+from agent_cache.telemetry import tracing
 
 T = TypeVar("T")
 Y = TypeVar("Y")
@@ -174,6 +176,34 @@ def call_flow(workers: Sequence[str], *, max_attempts: int, backoff: float = 0.0
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
+def observed(flow: Generator[Step, Any, tuple[Any, Placement]],
+             observers: Sequence[tracing.CallTrace]) -> Generator[Step, Any, tuple[Any, Placement]]:
+    """``flow``, with ``observers`` (the call's spans, the gateway's access log line) told of each attempt
+    and of how the call ended (:mod:`agent_cache.telemetry`)."""
+    try:
+        step = next(flow)
+        while True:
+            for o in observers:
+                if isinstance(step, Send):
+                    o.attempt(step.placement)
+                elif isinstance(step, Settle):
+                    o.settled(step.placement, step.error, step.usage)
+            try:
+                reply = yield step
+            except BaseException as exc:  # NoHealthyWorkerError thrown in by a runner, or the flow closed
+                step = flow.throw(exc)
+                continue
+            step = flow.send(reply)
+    except StopIteration as stop:
+        for o in observers:
+            o.end(stop.value[1], None)
+        return stop.value  # type: ignore[no-any-return]
+    except BaseException as exc:
+        for o in observers:
+            o.end(None, exc)
+        raise
+
+
 class Routes(Protocol):
     """What a call's lifecycle needs of a router (:class:`~agent_cache.routing.router.Router` is one)."""
 
@@ -210,11 +240,16 @@ class CallLifecycle:
     """
 
     def __init__(self, router: Routes, request: RouteRequest, *, max_attempts: int, backoff: float = 0.0,
-                 last_resort: bool = False) -> None:
+                 last_resort: bool = False, trace: Mapping[str, Any] | None = None,
+                 observer: tracing.CallTrace | None = None) -> None:
         self.router = router
         self.request = request
         self.flow = call_flow([w.url for w in router.workers], max_attempts=max_attempts, backoff=backoff,
                               last_resort=last_resort)
+        # spans (OpenTelemetry, configured by OTEL_*; ``trace``: the call span's attributes) and ``observer``
+        observers = [o for o in (tracing.start_call(request, trace), observer) if o is not None]
+        if observers:
+            self.flow = observed(self.flow, observers)
         self.result: tuple[Any, Placement] | None = None
 
     # Choose answers the flow with (placement, None), or (None, the NoHealthyWorkerError to throw into it)

@@ -292,6 +292,8 @@ def test_the_probe_paths_answer_200_on_a_gateway_started_with_the_manifest_flags
         replace("--port", str(port))
         replace("--host", "127.0.0.1")
         replace("--api-keys", str(keys))
+        metrics_port = free_port()
+        replace("--metrics-port", str(metrics_port))
         env_names = {e["name"] for e in container["env"]}
         assert "AGENT_CACHE_REDIS_URL" in env_names
         monkeypatch.setenv("AGENT_CACHE_REDIS_URL", manifest_redis)  # as the Secret sets it
@@ -307,6 +309,11 @@ def test_the_probe_paths_answer_200_on_a_gateway_started_with_the_manifest_flags
         ready = httpx.get(url + "/ready", headers={"authorization": "Bearer sk-test-admin"}).json()
         assert ready == {"status": "ready", "store": "ok"}  # it reached the manifest's Redis with the password
         assert httpx.get(url + "/readyz").status_code == 404  # a path the gateway does not serve fails
+        # Prometheus scrapes the annotated port without a key; the main port's /metrics wants an admin key
+        assert deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(
+            _serve_args(container).metrics_port)
+        assert "agent_cache_gateway_inflight" in httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
+        assert httpx.get(url + "/metrics").status_code == 401
         call = httpx.post(url + "/v1/chat/completions", headers={"authorization": "Bearer sk-test-key"},
                           json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
         assert call.status_code == 200 and call.headers["x-agent-cache-worker"] in map(worker_id, fleet.urls)

@@ -1,0 +1,81 @@
+"""``--log-format``: the gateway's log lines as text (the default) or as one JSON object per line.
+
+A JSON line has ``time`` (UTC, ISO 8601), ``level``, ``logger`` and ``message``; an access log line
+adds its fields (:mod:`agent_cache.gateway.access_log`). uvicorn's own loggers use the same format.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+FORMATS = ("text", "json")
+ACCESS_LOGGER = "agent_cache.access"
+FIELDS = "access"  # the ``extra`` key an access log record carries its fields under
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, FIELDS, None)
+        if isinstance(fields, dict):
+            line.update(fields)
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """``LEVEL logger: message``, an access line's fields after it as ``key=value``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = f"{record.levelname}: {record.name}: {record.getMessage()}"
+        fields = getattr(record, FIELDS, None)
+        if isinstance(fields, dict):
+            text += " " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+def logging_config(log_format: str, level: str) -> dict[str, Any]:
+    """A ``logging.config.dictConfig`` for the gateway process (uvicorn's ``log_config``).
+
+    text: uvicorn's own configuration, plus the access lines (INFO) as text when ``level`` lets INFO
+    through. json: every logger, uvicorn's included, as JSON lines on stderr at ``level``, and the
+    access lines whatever ``level`` is (asking for JSON logs is asking for them).
+    """
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    level = level.upper()
+    if log_format == "text":
+        config = copy.deepcopy(LOGGING_CONFIG)
+        config["formatters"]["agent_cache"] = {"()": f"{__name__}.TextFormatter"}
+        config["handlers"]["agent_cache"] = {"class": "logging.StreamHandler", "formatter": "agent_cache",
+                                             "stream": "ext://sys.stderr"}
+        config["loggers"][ACCESS_LOGGER] = {"handlers": ["agent_cache"], "level": level, "propagate": False}
+        return config
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"agent_cache": {"()": f"{__name__}.JsonFormatter"}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "agent_cache",
+                                "stream": "ext://sys.stderr"}},
+        "loggers": {
+            "uvicorn": {"handlers": ["stderr"], "level": level, "propagate": False},
+            "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
+            "agent_cache": {"handlers": ["stderr"], "level": level, "propagate": False},
+            ACCESS_LOGGER: {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+        },
+    }
