@@ -453,7 +453,10 @@ class ChatSGLang(BaseChatModel):
             pass
         assert life.result is not None
         (state, chunks), placement = life.result
-        return generate_from_stream(iter([*chunks, self._final_chunk(call, placement, state)]))
+        final = _last_chunk(self._final_chunk(call, placement, state), chunks, run_manager)
+        if run_manager is not None:  # as a stream's last chunk: LangGraph's "messages" mode sees the usage
+            run_manager.on_llm_new_token("", chunk=final)
+        return generate_from_stream(iter([*chunks, final]))
 
     async def _agenerate(
         self,
@@ -468,7 +471,10 @@ class ChatSGLang(BaseChatModel):
             pass
         assert life.result is not None
         (state, chunks), placement = life.result
-        return await agenerate_from_stream(_aiter([*chunks, self._final_chunk(call, placement, state)]))
+        final = _last_chunk(self._final_chunk(call, placement, state), chunks, run_manager)
+        if run_manager is not None:  # as a stream's last chunk: LangGraph's "messages" mode sees the usage
+            await run_manager.on_llm_new_token("", chunk=final)
+        return await agenerate_from_stream(_aiter([*chunks, final]))
 
     # --- streaming ------------------------------------------------------------------
 
@@ -484,6 +490,7 @@ class ChatSGLang(BaseChatModel):
         meta = self._metadata(call, placement, state.get("model", ""), state.get("finish"), cached)
         chunk = AIMessageChunk(
             content="",
+            id=state.get("id"),
             response_metadata=meta,
             usage_metadata=usage_metadata(usage.prompt_tokens, usage.completion_tokens, cached or 0) if usage else None,
             chunk_position="last",
@@ -500,7 +507,9 @@ class ChatSGLang(BaseChatModel):
         if chunk.content:
             state["text"] = state.get("text", "") + chunk.content
         if chunk.content or chunk.tool_calls or chunk.reasoning_content:
-            return ChatGenerationChunk(message=to_ai_chunk(chunk))
+            message = to_ai_chunk(chunk)
+            state.setdefault("id", message.id)  # the usage chunk carries it too (_final_chunk)
+            return ChatGenerationChunk(message=message)
         return None
 
     @staticmethod
@@ -669,6 +678,15 @@ def _tool_choice(choice: str | bool | dict[str, Any], tools: list[dict[str, Any]
     if choice not in names:
         raise ConfigError("tool_choice", f"{choice!r} is not one of the bound tools {names}")
     return {"type": "function", "function": {"name": choice}}
+
+
+def _last_chunk(final: ChatGenerationChunk, chunks: list[ChatGenerationChunk], run_manager: Any) -> ChatGenerationChunk:
+    """The usage chunk of a whole message, with the id its other chunks carry (or its run's)."""
+    if chunks and chunks[0].message.id is not None:
+        final.message.id = chunks[0].message.id
+    elif final.message.id is None and run_manager is not None:
+        final.message.id = f"{LC_ID_PREFIX}-{run_manager.run_id}"
+    return final
 
 
 async def _aiter(items: list[ChatGenerationChunk]) -> AsyncIterator[ChatGenerationChunk]:
