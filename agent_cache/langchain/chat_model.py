@@ -28,7 +28,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import TypeBaseModel, is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
 
-from agent_cache import environment
+from agent_cache import environment, exit_flush
 from agent_cache.backends.protocol import Usage
 from agent_cache.backends.request_check import check_chat_request
 from agent_cache.backends.sglang import AsyncSGLangClient, SGLangClient, normalize_worker_url
@@ -217,6 +217,7 @@ class ChatSGLang(BaseChatModel):
         # template bookkeeping for calls a worker served (recorded after the call, see _served)
         self._registry = TemplateRegistry(router.store)
         self._router = router
+        exit_flush.register(self, ChatSGLang.close)  # a script ending without close() still writes (bounded)
         return self
 
     def _check_options(self, router: Router) -> None:
@@ -334,7 +335,11 @@ class ChatSGLang(BaseChatModel):
         return per_loop[worker]
 
     def close(self) -> None:
-        """Close the HTTP clients of this model (and its router, unless one was passed in)."""
+        """Close the HTTP clients of this model (and its router, unless one was passed in).
+
+        Also done at interpreter exit for a model not closed (bounded: see :mod:`agent_cache.exit_flush`).
+        """
+        exit_flush.unregister(self)
         for client in self._clients.values():
             client.close()
         self._clients.clear()
@@ -346,6 +351,7 @@ class ChatSGLang(BaseChatModel):
 
     async def aclose(self) -> None:
         """As :meth:`close`, and also the async clients of the running loop (the router's included)."""
+        exit_flush.unregister(self)
         per_loop = self._aclients.pop(asyncio.get_running_loop(), {})
         for client in per_loop.values():
             await client.aclose()
@@ -357,6 +363,18 @@ class ChatSGLang(BaseChatModel):
             self._trace.close()
         if self.router is None:
             await self._router.aclose()
+
+    def __enter__(self) -> "ChatSGLang":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "ChatSGLang":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     # --- request building -------------------------------------------------------
 
