@@ -72,9 +72,12 @@ def _env_secret(name: str) -> SecretStr | None:
     return SecretStr(value) if value is not None else None
 
 
+def _known_options() -> set[str]:
+    return set(ChatSGLang.model_fields) | {f.alias for f in ChatSGLang.model_fields.values() if f.alias}
+
+
 def _unknown_option(name: str) -> ConfigError:
-    known = set(ChatSGLang.model_fields) | {f.alias for f in ChatSGLang.model_fields.values() if f.alias}
-    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(name, sorted(_known_options()), n=1, cutoff=0.6)
     if close:
         hint = f"; did you mean {close[0]!r}?"
     elif name in inspect.signature(Router).parameters:
@@ -139,7 +142,10 @@ class ChatSGLang(BaseChatModel):
 
         def __init__(self, **kwargs: Any) -> None:
             # Checked before pydantic so the caller sees ConfigError naming the field,
-            # not a ValidationError wrapping it.
+            # not a ValidationError wrapping it; a misspelt option first (base_ulr= is not a missing base_url)
+            for name in kwargs:
+                if name not in _known_options():
+                    raise _unknown_option(name)
             base_url, workers = kwargs.get("base_url"), kwargs.get("workers")
             router = kwargs.get("router")
             if isinstance(router, Router):
