@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from agent_cache.bench import bands
 from agent_cache.bench.fleetsim import RunResult
+from agent_cache.percentile import histogram_percentile, sorted_percentile
 from agent_cache.sim.latency import ModelConfig
 
 # Columns of results.md: (key, header, format)
@@ -44,11 +45,9 @@ REAL_COLUMNS = (
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:
-    """The value at rank round(q x (n - 1)) of already sorted values (0 for none): both engines' TTFT percentiles."""
-    if not sorted_values:
-        return 0.0
-    i = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
-    return sorted_values[i]
+    """:func:`~agent_cache.percentile.sorted_percentile` of already sorted values, 0 for none: both engines'
+    TTFT percentiles."""
+    return sorted_percentile(sorted_values, q) if sorted_values else 0.0
 
 
 def metrics(res: RunResult, oracle_hit_rate: float | None, model: ModelConfig = ModelConfig()) -> dict[str, Any]:
@@ -93,16 +92,8 @@ def metrics(res: RunResult, oracle_hit_rate: float | None, model: ModelConfig = 
 
 
 def _hist_quantile(hist: Mapping[int, int], q: float) -> int:
-    """The value at rank round(q x (n - 1)) of a histogram ``value -> count`` (0 when empty)."""
-    n = sum(hist.values())
-    if not n:
-        return 0
-    rank = int(round(q * (n - 1)))
-    for value in sorted(hist):
-        rank -= hist[value]
-        if rank < 0:
-            return value
-    return max(hist)
+    """:func:`~agent_cache.percentile.histogram_percentile` of a histogram ``value -> count`` (0 when empty)."""
+    return histogram_percentile(hist, q) if sum(hist.values()) else 0
 
 
 def all_metrics(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:

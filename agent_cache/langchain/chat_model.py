@@ -28,7 +28,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import TypeBaseModel, is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
 
-from agent_cache import environment
+from agent_cache import environment, exit_flush
 from agent_cache.backends.protocol import Usage
 from agent_cache.backends.request_check import check_chat_request
 from agent_cache.backends.sglang import AsyncSGLangClient, SGLangClient, normalize_worker_url
@@ -73,9 +73,12 @@ def _env_secret(name: str) -> SecretStr | None:
     return SecretStr(value) if value is not None else None
 
 
+def _known_options() -> set[str]:
+    return set(ChatSGLang.model_fields) | {f.alias for f in ChatSGLang.model_fields.values() if f.alias}
+
+
 def _unknown_option(name: str) -> ConfigError:
-    known = set(ChatSGLang.model_fields) | {f.alias for f in ChatSGLang.model_fields.values() if f.alias}
-    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(name, sorted(_known_options()), n=1, cutoff=0.6)
     if close:
         hint = f"; did you mean {close[0]!r}?"
     elif name in inspect.signature(Router).parameters:
@@ -140,7 +143,10 @@ class ChatSGLang(BaseChatModel):
 
         def __init__(self, **kwargs: Any) -> None:
             # Checked before pydantic so the caller sees ConfigError naming the field,
-            # not a ValidationError wrapping it.
+            # not a ValidationError wrapping it; a misspelt option first (base_ulr= is not a missing base_url)
+            for name in kwargs:
+                if name not in _known_options():
+                    raise _unknown_option(name)
             base_url, workers = kwargs.get("base_url"), kwargs.get("workers")
             router = kwargs.get("router")
             if isinstance(router, Router):
@@ -218,6 +224,7 @@ class ChatSGLang(BaseChatModel):
         # template bookkeeping for calls a worker served (recorded after the call, see _served)
         self._registry = TemplateRegistry(router.store)
         self._router = router
+        exit_flush.register(self, ChatSGLang.close)  # a script ending without close() still writes (bounded)
         return self
 
     def _check_options(self, router: Router) -> None:
@@ -335,7 +342,11 @@ class ChatSGLang(BaseChatModel):
         return per_loop[worker]
 
     def close(self) -> None:
-        """Close the HTTP clients of this model (and its router, unless one was passed in)."""
+        """Close the HTTP clients of this model (and its router, unless one was passed in).
+
+        Also done at interpreter exit for a model not closed (bounded: see :mod:`agent_cache.exit_flush`).
+        """
+        exit_flush.unregister(self)
         for client in self._clients.values():
             client.close()
         self._clients.clear()
@@ -347,6 +358,7 @@ class ChatSGLang(BaseChatModel):
 
     async def aclose(self) -> None:
         """As :meth:`close`, and also the async clients of the running loop (the router's included)."""
+        exit_flush.unregister(self)
         per_loop = self._aclients.pop(asyncio.get_running_loop(), {})
         for client in per_loop.values():
             await client.aclose()
@@ -358,6 +370,18 @@ class ChatSGLang(BaseChatModel):
             self._trace.close()
         if self.router is None:
             await self._router.aclose()
+
+    def __enter__(self) -> "ChatSGLang":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "ChatSGLang":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     # --- request building -------------------------------------------------------
 
@@ -454,7 +478,10 @@ class ChatSGLang(BaseChatModel):
             pass
         assert life.result is not None
         (state, chunks), placement = life.result
-        return generate_from_stream(iter([*chunks, self._final_chunk(call, placement, state)]))
+        final = _last_chunk(self._final_chunk(call, placement, state), chunks, run_manager)
+        if run_manager is not None:  # as a stream's last chunk: LangGraph's "messages" mode sees the usage
+            run_manager.on_llm_new_token("", chunk=final)
+        return generate_from_stream(iter([*chunks, final]))
 
     async def _agenerate(
         self,
@@ -469,7 +496,10 @@ class ChatSGLang(BaseChatModel):
             pass
         assert life.result is not None
         (state, chunks), placement = life.result
-        return await agenerate_from_stream(_aiter([*chunks, self._final_chunk(call, placement, state)]))
+        final = _last_chunk(self._final_chunk(call, placement, state), chunks, run_manager)
+        if run_manager is not None:  # as a stream's last chunk: LangGraph's "messages" mode sees the usage
+            await run_manager.on_llm_new_token("", chunk=final)
+        return await agenerate_from_stream(_aiter([*chunks, final]))
 
     # --- streaming ------------------------------------------------------------------
 
@@ -485,6 +515,7 @@ class ChatSGLang(BaseChatModel):
         meta = self._metadata(call, placement, state.get("model", ""), state.get("finish"), cached)
         chunk = AIMessageChunk(
             content="",
+            id=state.get("id"),
             response_metadata=meta,
             usage_metadata=usage_metadata(usage.prompt_tokens, usage.completion_tokens, cached or 0) if usage else None,
             chunk_position="last",
@@ -501,7 +532,9 @@ class ChatSGLang(BaseChatModel):
         if chunk.content:
             state["text"] = state.get("text", "") + chunk.content
         if chunk.content or chunk.tool_calls or chunk.reasoning_content:
-            return ChatGenerationChunk(message=to_ai_chunk(chunk))
+            message = to_ai_chunk(chunk)
+            state.setdefault("id", message.id)  # the usage chunk carries it too (_final_chunk)
+            return ChatGenerationChunk(message=message)
         return None
 
     @staticmethod
@@ -670,6 +703,15 @@ def _tool_choice(choice: str | bool | dict[str, Any], tools: list[dict[str, Any]
     if choice not in names:
         raise ConfigError("tool_choice", f"{choice!r} is not one of the bound tools {names}")
     return {"type": "function", "function": {"name": choice}}
+
+
+def _last_chunk(final: ChatGenerationChunk, chunks: list[ChatGenerationChunk], run_manager: Any) -> ChatGenerationChunk:
+    """The usage chunk of a whole message, with the id its other chunks carry (or its run's)."""
+    if chunks and chunks[0].message.id is not None:
+        final.message.id = chunks[0].message.id
+    elif final.message.id is None and run_manager is not None:
+        final.message.id = f"{LC_ID_PREFIX}-{run_manager.run_id}"
+    return final
 
 
 async def _aiter(items: list[ChatGenerationChunk]) -> AsyncIterator[ChatGenerationChunk]:

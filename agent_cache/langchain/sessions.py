@@ -3,10 +3,11 @@
 Order: an explicit ``session_id`` (bind/invoke kwarg, or set by the agent
 middleware), the callback metadata ``thread_id``, the ambient runnable config
 (``configurable.session_id``, ``configurable.thread_id``, ``metadata.thread_id``),
-and otherwise the conversation's own: ``conv-<hash>`` of its start (the
-leading system messages and the first message after them), which every step
-of one agent run repeats, so a run without a thread id still sticks to one
-worker (``ChatSGLang(infer_sessions=False)``: a fresh id per call instead).
+and otherwise the conversation's own (:mod:`agent_cache.routing.conversation`):
+a call before the first assistant turn is placed as a new session, and from
+the first assistant turn on every step of the conversation repeats one
+``conv-<hash>``, so a run without a thread id still sticks to one worker
+(``ChatSGLang(infer_sessions=False)``: a fresh id per call instead).
 """
 
 from __future__ import annotations

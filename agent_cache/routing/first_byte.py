@@ -15,6 +15,7 @@ import threading
 from collections import deque
 
 from agent_cache.errors import ConfigError
+from agent_cache.percentile import sorted_percentile
 
 DEFAULT_FLOOR = 5.0  # seconds: a deadline is never shorter than this
 DEFAULT_FACTOR = 3.0
@@ -52,7 +53,7 @@ class FirstByteDeadlines:
             recent = sorted(self._samples.get(worker) or ())
         if len(recent) < self._min_samples:
             return cap
-        p95 = recent[min(len(recent) - 1, int(0.95 * len(recent)))]
+        p95 = sorted_percentile(recent, 0.95)
         wait = max(self.floor, self.factor * p95)
         return wait if cap is None else min(wait, cap)
 

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
+from agent_cache import exit_flush
 from agent_cache.backends.protocol import Usage
 from agent_cache.errors import (
     BackendError,
@@ -156,6 +157,7 @@ class Router(AsyncFace):
                              self._refresh_gauges, probe_timeout)
         if probe_interval is not None:
             self.prober.start(probe_interval)
+        exit_flush.register(self, Router.close)  # owed releases and reports written at exit (bounded)
 
     # --- configuration --------------------------------------------------------------
 
@@ -478,6 +480,7 @@ class Router(AsyncFace):
 
     def close(self) -> None:
         """Stop the background threads, write pending releases, close the store and clients."""
+        exit_flush.unregister(self)
         self.prober.stop()
         self.outbox.close()  # owed releases and queued reports; ends this router's lease
         self.prober.close()

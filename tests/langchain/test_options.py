@@ -31,6 +31,15 @@ def test_a_misspelt_option_raises_naming_it_and_the_closest(typo, meant):
     assert err.value.field == typo and f"did you mean {meant!r}" in str(err.value)
 
 
+@pytest.mark.parametrize("typo,meant", [("base_ulr", "base_url"), ("wokers", "workers"), ("base_uri", "base_url")])
+def test_a_lone_misspelt_worker_option_is_named_not_reported_missing(typo, meant, monkeypatch):
+    monkeypatch.delenv("AGENT_CACHE_BASE_URL", raising=False)
+    monkeypatch.delenv("AGENT_CACHE_WORKERS", raising=False)
+    with pytest.raises(ConfigError) as err:
+        ChatSGLang(**{typo: URL})
+    assert err.value.field == typo and f"did you mean {meant!r}" in str(err.value)
+
+
 def test_a_router_option_points_at_the_router():
     with pytest.raises(ConfigError) as err:
         ChatSGLang(base_url=URL, session_ttl=10)

@@ -77,14 +77,18 @@ async def test_metadata_and_config_async(lc_fleet, mode):
     assert _sid(await RunnableLambda(inner).ainvoke(None, {"configurable": {"session_id": "outer"}})) == "outer"
 
 
-def test_without_an_id_the_conversation_start_is_the_session(lc_fleet, mode):
+def test_without_an_id_a_diverged_conversation_is_the_session(lc_fleet, mode):
     model = _model(lc_fleet, mode)
     a, b = _sid(_call(model, mode)), _sid(_call(model, mode))
-    assert a.startswith("conv-") and a == b  # same start: same session
-    other = model.invoke([("system", "You are terse."), ("user", "hello")])
-    assert _sid(other).startswith("conv-") and _sid(other) != a
-    step2 = model.invoke([("system", "You are terse."), ("user", "hello"), ("ai", "hi"), ("user", "more")])
-    assert _sid(step2) == _sid(other)  # a later step of that conversation
+    # step 1: the start names a shared prefix, not a session: each call is placed as a new session
+    assert a.startswith("conv-") and b.startswith("conv-") and a != b and a.split("-")[1] == b.split("-")[1]
+    start = [("system", "You are terse."), ("user", "hello"), ("ai", "hi"), ("user", "more")]
+    step2 = model.invoke(start)
+    step3 = model.invoke([*start, ("ai", "more of it"), ("user", "and more")])
+    assert _sid(step2).startswith("conv-") and _sid(step2) == _sid(step3)  # diverged: one session from here
+    assert step2.response_metadata["worker"] == step3.response_metadata["worker"]
+    other = model.invoke([*start[:3], ("user", "less")])
+    assert _sid(other) != _sid(step2)  # another conversation from the same start
 
 
 def test_fresh_session_per_call_when_not_inferred(lc_fleet, mode):
@@ -96,7 +100,7 @@ def test_fresh_session_per_call_when_not_inferred(lc_fleet, mode):
 async def test_without_an_id_async(lc_fleet, mode):
     model = _model(lc_fleet, mode)
     a, b = _sid(await _acall(model, mode)), _sid(await _acall(model, mode))
-    assert a.startswith("conv-") and a == b
+    assert a.startswith("conv-") and a != b
 
 
 def _agent(fleet, mode):
