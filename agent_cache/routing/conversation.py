@@ -30,8 +30,10 @@ _LEADING = ("system", "developer")
 def _turn(m: Mapping[str, Any]) -> list[Any]:
     """The parts of a message that identify it (its tool calls by id and name: arguments are re-serialised
     by some clients)."""
-    calls = [[c.get("id"), (c.get("function") or {}).get("name")] for c in m.get("tool_calls") or []
-             if isinstance(c, Mapping)]
+    # any JSON may arrive here: the gateway infers the session before the body's fields are type-checked
+    given = m.get("tool_calls")
+    calls = [[c.get("id"), f.get("name") if isinstance(f := c.get("function"), Mapping) else None]
+             for c in (given if isinstance(given, list) else []) if isinstance(c, Mapping)]
     return [m.get("role"), m.get("content") or "", calls, m.get("tool_call_id")]
 
 
