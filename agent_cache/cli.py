@@ -34,6 +34,7 @@ def _sim_worker(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         startup_seconds=args.startup_seconds,
         latency=latency_from_args(args),
+        kv_events_config=args.kv_events_config,
     )
     print(f"simulated SGLang worker (not SGLang) on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     uvicorn.run(create_app(options), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
@@ -121,6 +122,10 @@ def _add_sim_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--time-scale", type=_non_negative, default=1.0,
                    help="1 = the latency model in real time, 0 = instant (default 1)")
     p.add_argument("--startup-seconds", type=_non_negative, default=0.0, help="answer /health with 503 this long")
+    p.add_argument("--kv-events-config", default=None, metavar="JSON",
+                   help='publish KV cache events as SGLang does, e.g. \'{"publisher": "zmq", "endpoint": '
+                        '"tcp://*:5557", "topic": "kv"}\' (SGLang\'s fields: publisher, endpoint, replay_endpoint, '
+                        "buffer_steps, hwm, max_queue_size, topic)")
     add_latency_args(p)
     p.add_argument("--log-level", default="warning")
     p.set_defaults(func=_sim_worker)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from agent_cache.sim.chat_template import decode, encode_text
+from agent_cache.sim.kv_publisher import create_sink
 from agent_cache.sim.latency import DEFAULT_LATENCY, LatencyModel
 from agent_cache.sim.radix import RadixCache
 from agent_cache.sim.scheduler import DONE, FIRST_TOKEN, Counters, SchedulerConfig, SimRequest, WorkerModel
@@ -48,6 +49,7 @@ class WorkerOptions:
     time_scale: float = 0.0  # 1.0 = the latency model in real time, 0 = instant
     startup_seconds: float = 0.0  # /health answers 503 this long after start
     latency: LatencyModel = DEFAULT_LATENCY
+    kv_events_config: str | None = None  # --kv-events-config: SGLang's JSON (publisher "zmq" publishes)
 
     def scheduler_config(self) -> SchedulerConfig:
         version = SGLangVersion.parse(self.sglang_version)
@@ -57,6 +59,7 @@ class WorkerOptions:
             disable_radix_cache=self.disable_radix_cache, schedule_policy=self.schedule_policy,
             chunked_prefill_size=self.chunked_prefill_size, max_prefill_tokens=self.max_prefill_tokens,
             max_running_requests=self.max_running_requests, latency=self.latency,
+            enable_kv_events=bool(self.kv_events_config),
         )
 
 
@@ -116,6 +119,7 @@ class Engine:
         self.options = options or WorkerOptions()
         self.version = SGLangVersion.parse(self.options.sglang_version)
         self.model = WorkerModel(self.options.scheduler_config())
+        self.kv_events = create_sink(self.options.kv_events_config)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.started_at = time.monotonic()
         self.created = int(time.time())
@@ -213,6 +217,8 @@ class Engine:
                 self._vtime += it.seconds
                 await asyncio.sleep(0)  # let new requests arrive between passes
             events = self.model.finish_iteration(it, self.now())
+            if self.kv_events is not None:
+                self.kv_events.after_pass(it.kind, self.model.cache)
             self._last_output = time.monotonic()
             self._notify(it.batch or [req for req, _ in it.chunks])
             for req, kind in events:
@@ -259,7 +265,12 @@ class Engine:
 
     def flush(self) -> bool:
         """``/flush_cache``: SGLang refuses while requests run."""
-        return self.model.flush()
+        return self.model.flush()  # AllBlocksCleared waits for the next prefill pass, as in SGLang
+
+    def close(self) -> None:
+        """Stop the KV event publisher, if any."""
+        if self.kv_events is not None:
+            self.kv_events.close()
 
 
 def new_rid() -> str:

@@ -90,6 +90,11 @@ class SimWorkerThread(ThreadedServer):
         self.sim = SimServer(self.options)
         return self.sim.app
 
+    def stop(self, timeout: float = 10.0) -> None:
+        super().stop(timeout)
+        if self.sim is not None:
+            self.sim.engine.close()  # its KV event publisher (uvicorn runs here without lifespan events)
+
 
 class SimFleet:
     """N simulated workers on loopback ports; options apply to every worker."""

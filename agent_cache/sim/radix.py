@@ -15,7 +15,10 @@ Behaviour copied from SGLang (``srt/mem_cache/radix_cache.py``):
   request's decode tokens and its prompt while it is prefilled):
   ``outside_tokens`` counts them against the same capacity, and
   ``evictable_tokens`` is kept up to date on every lock and unlock, as
-  SGLang's ``evictable_size_``.
+  SGLang's ``evictable_size_``;
+* with ``enable_kv_events``, every store, split, eviction and reset is
+  queued as SGLang's KV events (one per page; see
+  :mod:`agent_cache.backends.kv_events`) for :meth:`RadixCache.take_events`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
+
+from agent_cache.backends.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, block_hash
 
 EVICTION_POLICIES = ("lru", "lfu")
 
@@ -53,7 +58,8 @@ class MatchResult:
 class RadixCache:
     """Prefix cache over token ids with capacity in tokens and leaf eviction."""
 
-    def __init__(self, capacity_tokens: int, *, page_size: int = 1, eviction_policy: str = "lru") -> None:
+    def __init__(self, capacity_tokens: int, *, page_size: int = 1, eviction_policy: str = "lru",
+                 enable_kv_events: bool = False) -> None:
         if capacity_tokens <= 0:
             raise ValueError("capacity_tokens must be positive")
         if page_size <= 0:
@@ -64,6 +70,7 @@ class RadixCache:
         self.page_size = page_size
         self.eviction_policy = eviction_policy
         self._clock = itertools.count(1)  # logical time: deterministic LRU order
+        self.kv_events: list[KVEvent] | None = [] if enable_kv_events else None
         self.reset()
 
     def reset(self) -> None:
@@ -74,6 +81,31 @@ class RadixCache:
         self.evicted_tokens = 0
         self.evictable_tokens = 0  # tree tokens no running request holds
         self.outside_tokens = 0  # pool tokens held outside the tree (set by the scheduler)
+        if self.kv_events is not None:
+            self.kv_events.append(AllBlocksCleared())
+
+    # --- KV events (radix_cache.py _record_store_event / _record_remove_event) ------
+
+    def _record_store(self, node: _Node) -> None:
+        assert self.kv_events is not None
+        parent: int | None = None  # SGLang never links a node's first page to its parent
+        for start in range(0, len(node.key), self.page_size):
+            page = node.key[start : start + self.page_size]
+            h = block_hash(page)
+            self.kv_events.append(BlockStored([h], parent, page, len(page), None))
+            parent = h
+
+    def _record_remove(self, node: _Node) -> None:
+        assert self.kv_events is not None
+        for start in range(0, len(node.key), self.page_size):
+            self.kv_events.append(BlockRemoved([block_hash(node.key[start : start + self.page_size])]))
+
+    def take_events(self) -> list[KVEvent]:
+        """The events queued since the last call (none without ``enable_kv_events``)."""
+        if not self.kv_events:
+            return []
+        out, self.kv_events = self.kv_events, []
+        return out
 
     @property
     def free_tokens(self) -> int:
@@ -125,6 +157,8 @@ class RadixCache:
         """Split ``child`` after ``n`` tokens; return the new upper node."""
         parent = child.parent
         assert parent is not None
+        if self.kv_events is not None:
+            self._record_remove(child)
         upper = _Node(
             key=child.key[:n],
             parent=parent,
@@ -137,6 +171,9 @@ class RadixCache:
         child.key = child.key[n:]
         child.parent = upper
         upper.children[self._child_key(child.key, child.extra_key)] = child
+        if self.kv_events is not None:
+            self._record_store(upper)
+            self._record_store(child)
         return upper
 
     # --- insert ---------------------------------------------------------------
@@ -167,6 +204,8 @@ class RadixCache:
         match.node.children[self._child_key(new, extra_key)] = node
         self.total_tokens += len(new)
         self.evictable_tokens += len(new)
+        if self.kv_events is not None:
+            self._record_store(node)
         return len(new)
 
     # --- references -----------------------------------------------------------
@@ -216,6 +255,8 @@ class RadixCache:
             assert parent is not None
             del parent.children[self._child_key(node.key, node.extra_key)]
             freed += len(node.key)
+            if self.kv_events is not None:
+                self._record_remove(node)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (self._priority(parent), id(parent), parent))
         self.total_tokens -= freed

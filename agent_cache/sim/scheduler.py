@@ -86,6 +86,7 @@ class SchedulerConfig:
     max_prefill_tokens: int = 16384  # --max-prefill-tokens
     max_running_requests: int | None = None  # None: as SGLang derives it
     latency: LatencyModel = DEFAULT_LATENCY
+    enable_kv_events: bool = False  # the radix cache queues SGLang's KV events (--kv-events-config)
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in SCHEDULE_POLICIES:
@@ -174,7 +175,8 @@ class WorkerModel:
         self.config = config or SchedulerConfig()
         c = self.config
         self.cache = cache or RadixCache(c.max_total_tokens, page_size=c.page_size,
-                                         eviction_policy=c.radix_eviction_policy)
+                                         eviction_policy=c.radix_eviction_policy,
+                                         enable_kv_events=c.enable_kv_events)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []  # prefilled, decoding
         self.chunked: SimRequest | None = None  # a prompt part-way through chunked prefill

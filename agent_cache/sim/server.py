@@ -144,7 +144,14 @@ class SimServer:
 
     def __init__(self, options: WorkerOptions | None = None) -> None:
         self.engine = Engine(options)
-        self.app = Starlette(routes=self._routes())
+        self.app = Starlette(routes=self._routes(), lifespan=self._lifespan)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            self.engine.close()  # the KV event publisher's socket and thread
 
     @property
     def options(self) -> WorkerOptions:

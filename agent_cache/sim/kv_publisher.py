@@ -1,0 +1,141 @@
+"""The simulated worker's KV event publisher: SGLang's ``ZmqEventPublisher``.
+
+Same behaviour as SGLang 0.5.4 (``srt/disaggregation/kv_events.py``): a
+background thread takes batches from a bounded queue and sends each on a
+ZeroMQ PUB socket as ``(topic, sequence, payload)``; the endpoint is bound
+when it holds ``*``, ``::``, ``ipc://`` or ``inproc://`` and connected to
+otherwise; with ``replay_endpoint``, a ROUTER socket answers a request
+``(identity, b"", start_seq)`` with every buffered ``(seq, payload)`` from
+``start_seq`` on, then ``(-1, b"")``. The scheduler publishes after each
+prefill pass and every ``DECODE_LOG_INTERVAL`` decode passes, as SGLang's
+``log_prefill_stats`` / ``log_decode_stats`` do.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from agent_cache.backends.kv_events import (
+    KVEvent,
+    KVEventBatch,
+    KVEventsConfig,
+    encode_batch,
+    offset_endpoint_port,
+    sequence_bytes,
+)
+from agent_cache.sim.radix import RadixCache
+
+DECODE_LOG_INTERVAL = 40  # SGLang's --decode-log-interval default
+END_SEQ = sequence_bytes(-1)
+
+
+class ZmqEventPublisher:
+    """PUB socket plus an optional ROUTER replay socket, served by one thread."""
+
+    SHUTDOWN_TIMEOUT = 1.0
+
+    def __init__(self, config: KVEventsConfig, attn_dp_rank: int = 0) -> None:
+        import zmq
+
+        self._rank = attn_dp_rank
+        self._queue: queue.Queue[KVEventBatch | None] = queue.Queue(maxsize=config.max_queue_size)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
+        self._ctx: Any = zmq.Context.instance()
+        endpoint = offset_endpoint_port(config.endpoint, attn_dp_rank)
+        assert endpoint is not None
+        self._pub: Any = self._ctx.socket(zmq.PUB)
+        self._pub.set_hwm(config.hwm)
+        if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
+            self._pub.bind(endpoint)
+        else:
+            self._pub.connect(endpoint)
+        self._replay: Any = None
+        replay = offset_endpoint_port(config.replay_endpoint, attn_dp_rank)
+        if replay is not None:
+            self._replay = self._ctx.socket(zmq.ROUTER)
+            self._replay.bind(replay)
+        self._topic = config.topic.encode("utf-8")
+        self._seq = 0
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="zmq-kv-publisher")
+        self._thread.start()
+
+    def publish(self, batch: KVEventBatch) -> None:
+        if not self._running:
+            raise RuntimeError("Publisher is closed")
+        if batch.attn_dp_rank is None:
+            batch.attn_dp_rank = self._rank
+        self._queue.put(batch)
+
+    def _loop(self) -> None:
+        while self._running or not self._queue.empty():
+            if self._replay is not None and self._replay.poll(0):
+                self._serve_replay()
+            try:
+                batch = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if batch is None:
+                break
+            payload = encode_batch(batch)
+            seq = self._seq
+            self._seq += 1
+            self._pub.send_multipart((self._topic, sequence_bytes(seq), payload))
+            self._buffer.append((seq, payload))
+
+    def _serve_replay(self) -> None:
+        frames = self._replay.recv_multipart()
+        if len(frames) != 3:
+            return
+        client, _, start = frames
+        first = int.from_bytes(start, "big")
+        for seq, payload in list(self._buffer):
+            if seq >= first:
+                self._replay.send_multipart((client, b"", sequence_bytes(seq), payload))
+        self._replay.send_multipart((client, b"", END_SEQ, b""))
+
+    def shutdown(self) -> None:
+        if not self._running:
+            return
+        self._running = False
+        self._queue.put(None)
+        self._thread.join(timeout=self.SHUTDOWN_TIMEOUT + 0.5)
+        self._pub.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)
+
+
+class EventSink:
+    """What the scheduler loop calls after each pass: publishes the cache's queued events when SGLang would."""
+
+    def __init__(self, publisher: ZmqEventPublisher) -> None:
+        self.publisher = publisher
+        self._decodes = 0
+
+    def after_pass(self, kind: str, cache: RadixCache) -> None:
+        if kind == "decode":
+            self._decodes += 1
+            if self._decodes % DECODE_LOG_INTERVAL:
+                return  # the events wait in the cache's queue, as in SGLang
+        self.flush(cache.take_events())
+
+    def flush(self, events: list[KVEvent]) -> None:
+        if events:
+            self.publisher.publish(KVEventBatch(time.time(), events))
+
+    def close(self) -> None:
+        self.publisher.shutdown()
+
+
+def create_sink(config_json: str | None) -> EventSink | None:
+    """``--kv-events-config``: None when absent or the "null" publisher."""
+    if not config_json:
+        return None
+    config = KVEventsConfig.from_cli(config_json)
+    if config.publisher == "null":
+        return None
+    return EventSink(ZmqEventPublisher(config))
