@@ -46,6 +46,7 @@ from agent_cache.routing.degraded import StoreAvailability, logger
 from agent_cache.placement.hashing import pool_for_session, rendezvous_pick
 from agent_cache.routing.first_byte import DEFAULT_FACTOR, DEFAULT_FLOOR, FirstByteDeadlines
 from agent_cache.routing.health import CLOSED, HealthTracker
+from agent_cache.routing.kv_state import KvState
 from agent_cache.routing.lifecycle import CallLifecycle
 from agent_cache.routing.metrics import RouterMetrics
 from agent_cache.routing.outbox import Outbox
@@ -121,6 +122,7 @@ class Router(AsyncFace):
         first_byte_floor: float = DEFAULT_FLOOR,
         first_byte_factor: float = DEFAULT_FACTOR,
         allow_empty: bool = False,  # start with no worker: they are added later (discovery, admin)
+        kv_events: KvState | None = None,
     ) -> None:
         self._workers: list[WorkerConfig] = parse_workers(workers, allow_empty=allow_empty)
         self._pools = parse_pools(pools, {w.pool for w in self._workers})
@@ -150,7 +152,7 @@ class Router(AsyncFace):
         self.recent = RecentWorkers()
         self.metrics = RouterMetrics(registry)
         self.passive = PassiveHealth(self.health, self.metrics, lambda: self._workers)
-        self._clock = clock
+        self._clock, self.kv_events = clock, kv_events  # template holders from the workers' KV events
         self.lease = lease
         self.outbox = Outbox(self.store, self.availability, self._store_failed, clock, release_delay, lease)
         self.prober = Prober(lambda: self._workers, self.health, self.metrics, self._capacity, self._config_changed,
@@ -246,11 +248,10 @@ class Router(AsyncFace):
         if not isinstance(request.session_id, str) or not request.session_id:
             raise ConfigError("session_id", "a non-empty session id is needed to route")
         check_tenant(request.tenant)
-        pool = self.pool_for(request)
-        return RouteQuery(
-            request.tenant, session_key(request.session_id), request.template_id, pool,
-            self._specs(pool, exclude, trials), request.prompt_tokens_estimate,
-        )  # fmt: skip
+        pool, kv, tid = self.pool_for(request), self.kv_events, request.template_id
+        specs = self._specs(pool, exclude, trials)
+        return RouteQuery(request.tenant, session_key(request.session_id), tid, pool,
+                          specs if kv is None else kv.annotate(tid, specs), request.prompt_tokens_estimate)
 
     def _degraded(self, request: RouteRequest, query: RouteQuery) -> Placement:
         """Without the store: the worker this process last used for the session, if it can take the call

@@ -19,18 +19,57 @@ import time
 from collections import deque
 from typing import Any
 
-from agent_cache.backends.kv_events import (
+from pydantic import BaseModel
+
+from agent_cache.kv_events import (
     KVEvent,
     KVEventBatch,
-    KVEventsConfig,
     encode_batch,
     offset_endpoint_port,
     sequence_bytes,
 )
+from agent_cache.errors import ConfigError
 from agent_cache.sim.radix import RadixCache
 
 DECODE_LOG_INTERVAL = 40  # SGLang's --decode-log-interval default
 END_SEQ = sequence_bytes(-1)
+
+
+class KVEventsConfig(BaseModel):
+    """``--kv-events-config``: SGLang's JSON fields and defaults."""
+
+    publisher: str = "null"
+    endpoint: str = "tcp://*:5557"
+    replay_endpoint: str | None = None
+    buffer_steps: int = 10_000
+    hwm: int = 100_000
+    max_queue_size: int = 100_000
+    topic: str = ""
+
+    @classmethod
+    def from_cli(cls, cli_value: str) -> "KVEventsConfig":
+        try:
+            config = cls.model_validate_json(cli_value)
+        except ValueError as exc:
+            raise ConfigError("--kv-events-config", str(exc).splitlines()[0]) from exc
+        if config.publisher not in ("null", "zmq"):
+            raise ConfigError("--kv-events-config", f"Unknown event publisher '{config.publisher}'")
+        return config
+
+
+def _bind(sock: Any, endpoint: str, wait: float = 3.0) -> None:
+    """Bind, waiting out a socket this process closed a moment ago (a worker restarted in-process)."""
+    import zmq
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            sock.bind(endpoint)
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 class ZmqEventPublisher:
@@ -50,14 +89,14 @@ class ZmqEventPublisher:
         self._pub: Any = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(config.hwm)
         if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
-            self._pub.bind(endpoint)
+            _bind(self._pub, endpoint)
         else:
             self._pub.connect(endpoint)
         self._replay: Any = None
         replay = offset_endpoint_port(config.replay_endpoint, attn_dp_rank)
         if replay is not None:
             self._replay = self._ctx.socket(zmq.ROUTER)
-            self._replay.bind(replay)
+            _bind(self._replay, replay)
         self._topic = config.topic.encode("utf-8")
         self._seq = 0
         self._running = True

@@ -18,7 +18,7 @@ Behaviour copied from SGLang (``srt/mem_cache/radix_cache.py``):
   SGLang's ``evictable_size_``;
 * with ``enable_kv_events``, every store, split, eviction and reset is
   queued as SGLang's KV events (one per page; see
-  :mod:`agent_cache.backends.kv_events`) for :meth:`RadixCache.take_events`.
+  :mod:`agent_cache.kv_events`) for :meth:`RadixCache.take_events`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from agent_cache.backends.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, block_hash
+from agent_cache.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, block_hash
 
 EVICTION_POLICIES = ("lru", "lfu")
 

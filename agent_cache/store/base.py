@@ -93,11 +93,14 @@ def to_ms(now: float) -> int:
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """A worker as the router sees it now: URL, health state, KV capacity in tokens."""
+    """A worker as the router sees it now: URL, health state, KV capacity in tokens; ``template``:
+    what the worker's KV events say of the route's template ("held", "lacks"; "": no events, the
+    store's own marks decide)."""
 
     url: str
     state: str = "up"
     capacity: int = 1
+    template: str = ""
 
 
 @dataclass(frozen=True)

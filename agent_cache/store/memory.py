@@ -183,6 +183,10 @@ class MemoryStore:
                 cutoff = now_ms - to_ms(self.template_window)
                 used = self._templates.get((query.tenant, query.template_id), {})
                 holders = frozenset(u for u, t in used.items() if t >= cutoff)
+                seen = {s.url: s.template for s in query.workers if s.template}
+                if seen:  # the workers' KV events know better than the marks
+                    holders = frozenset(u for u in holders if seen.get(u) != "lacks") | frozenset(
+                        u for u, t in seen.items() if t == "held")
             snapshot = Snapshot(tuple(views), pin, holders, query.prompt_tokens_estimate, self._call_tokens())
             decision = choose_worker(snapshot, query.session_id, policy)
             if decision.worker is None:

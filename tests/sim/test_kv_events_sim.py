@@ -19,7 +19,7 @@ import msgspec
 import pytest
 import zmq
 
-from agent_cache.backends.kv_events import (
+from agent_cache.kv_events import (
     AllBlocksCleared as OurCleared,
     BlockRemoved as OurRemoved,
     BlockStored as OurStored,

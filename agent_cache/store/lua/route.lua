@@ -53,11 +53,12 @@ if rec[1] then
   end
 end
 
--- ARGV[18]: the pool's workers, one "url state capacity" line each
-local urls, states, caps = {}, {}, {}
-for url, state, cap in string.gmatch(ARGV[18], '(%S+) (%S+) (%S+)\n') do
+-- ARGV[18]: the pool's workers, one "url state capacity[ held|lacks]" line each (the last field:
+-- the template as the worker's KV events show it; absent without events)
+local urls, states, caps, kvt = {}, {}, {}, {}
+for url, state, cap, seen in string.gmatch(ARGV[18], '(%S+) (%S+) (%S+)([^\n]*)\n') do
   local i = #urls + 1
-  urls[i], states[i], caps[i] = url, state, tonumber(cap)
+  urls[i], states[i], caps[i], kvt[i] = url, state, tonumber(cap), seen
 end
 local n = #urls
 local infl, kvs, ans = {}, {}, {}
@@ -73,6 +74,9 @@ end
 local holders = {}
 if tid ~= '' then
   for _, u in ipairs(redis.call('ZRANGEBYSCORE', tkey, tostring(now - window), '+inf')) do holders[u] = true end
+  for i = 1, n do
+    if kvt[i] == ' held' then holders[urls[i]] = true elseif kvt[i] == ' lacks' then holders[urls[i]] = nil end
+  end
 end
 
 local function score(url)

@@ -30,10 +30,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence, Union
 
-from pydantic import BaseModel
-
-from agent_cache.errors import ConfigError
-
 
 @dataclass
 class BlockStored:
@@ -69,28 +65,6 @@ def block_hash(page_tokens: Sequence[int]) -> int:
     return hash(tuple(page_tokens))
 
 
-class KVEventsConfig(BaseModel):
-    """``--kv-events-config``: SGLang's JSON fields and defaults."""
-
-    publisher: str = "null"
-    endpoint: str = "tcp://*:5557"
-    replay_endpoint: str | None = None
-    buffer_steps: int = 10_000
-    hwm: int = 100_000
-    max_queue_size: int = 100_000
-    topic: str = ""
-
-    @classmethod
-    def from_cli(cls, cli_value: str) -> "KVEventsConfig":
-        try:
-            config = cls.model_validate_json(cli_value)
-        except ValueError as exc:
-            raise ConfigError("--kv-events-config", str(exc).splitlines()[0]) from exc
-        if config.publisher not in ("null", "zmq"):
-            raise ConfigError("--kv-events-config", f"Unknown event publisher '{config.publisher}'")
-        return config
-
-
 def offset_endpoint_port(endpoint: str | None, data_parallel_rank: int) -> str | None:
     """SGLang's endpoint of DP rank ``n``: the TCP port + n, or ``_dp<n>`` after an inproc name."""
     if not endpoint or data_parallel_rank == 0:
@@ -102,7 +76,7 @@ def offset_endpoint_port(endpoint: str | None, data_parallel_rank: int) -> str |
             i = endpoint.rfind(":")
             return f"{endpoint[:i]}:{int(endpoint[i + 1:]) + data_parallel_rank}"
         return endpoint
-    raise ConfigError("endpoint", "must contain 'inproc' or 'tcp'")
+    raise ValueError("Invalid endpoint: must contain 'inproc' or 'tcp'")
 
 
 def _event_array(event: KVEvent) -> list[Any]:

@@ -1,0 +1,146 @@
+"""Subscribes to workers' KV event publishers and feeds a :class:`~agent_cache.routing.kv_state.KvState`.
+
+One background thread, one ZeroMQ SUB socket per worker (connected to the
+endpoint the worker's ``--kv-events-config`` binds, e.g. ``tcp://*:5557``
+on the worker is ``tcp://worker-host:5557`` here). Never on a call's path:
+routes read the state the thread keeps. With a worker's replay endpoint,
+the thread asks for what it missed: from sequence 0 when it first hears
+the worker (so it sees the start-up ``AllBlocksCleared`` while the
+publisher still buffers it), and from the first lost sequence number on a
+gap or after the publisher's connection dropped (the worker may have
+restarted, its first batches sent before this socket reconnected).
+Without one, a gap or a dropped connection leaves the worker unknown (the
+router's own marks decide for it) until its next ``AllBlocksCleared``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from agent_cache.kv_events import decode_batch, sequence_of
+from agent_cache.routing.kv_state import KvState
+
+log = logging.getLogger(__name__)
+REPLAY_TIMEOUT_MS = 2000
+
+
+@dataclass(frozen=True)
+class EventSource:
+    """Where one worker publishes: its PUB endpoint, optional replay endpoint and topic."""
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+
+
+class KvIndexer:
+    """A thread that applies every worker's published batches to ``state``."""
+
+    def __init__(self, state: KvState, sources: Mapping[str, EventSource]) -> None:
+        import zmq
+
+        self.state = state
+        self.sources = dict(sources)
+        self._ctx: Any = zmq.Context.instance()
+        self._subs: dict[Any, str] = {}
+        self._monitors: dict[Any, str] = {}  # a publisher that went away may come back as a new process
+        for url, src in self.sources.items():
+            sub = self._ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, src.topic.encode())
+            self._monitors[sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)] = url
+            sub.connect(src.endpoint)
+            self._subs[sub] = url
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kv-indexer", daemon=True)
+        self.batches = 0
+        self.replayed = 0
+        self.bad = 0
+
+    def start(self) -> "KvIndexer":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        import zmq
+
+        from zmq.utils.monitor import recv_monitor_message
+
+        poller = zmq.Poller()
+        for sock in (*self._subs, *self._monitors):
+            poller.register(sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            for sub, _ in poller.poll(100):
+                if sub in self._monitors:
+                    recv_monitor_message(sub)
+                    self.state.disconnected(self._monitors[sub])
+                    continue
+                frames = sub.recv_multipart()
+                if len(frames) != 3:
+                    self.bad += 1
+                    continue
+                self._receive(self._subs[sub], sequence_of(frames[1]), frames[2])
+
+    def _receive(self, url: str, seq: int, payload: bytes) -> None:
+        expected = self.state.next_seq(url)
+        src = self.sources[url]
+        if src.replay_endpoint is not None and seq > 0 and seq != expected:
+            # missed batches: from the first lost one, or from 0 when first heard or restarted
+            first = expected if expected is not None and seq > expected else 0
+            self._replay(url, src.replay_endpoint, first, seq)
+        self._apply(url, seq, payload)
+
+    def _apply(self, url: str, seq: int, payload: bytes) -> None:
+        try:
+            batch = decode_batch(payload)
+        except ValueError:
+            self.bad += 1
+            log.warning("kv events from %s: an undecodable batch (seq %d)", url, seq)
+            return
+        self.state.apply(url, seq, batch)
+        self.batches += 1
+
+    def _replay(self, url: str, endpoint: str, first: int, upto: int) -> None:
+        import zmq
+
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(endpoint)
+            sock.send_multipart([b"", first.to_bytes(8, "big")])
+            while sock.poll(REPLAY_TIMEOUT_MS):
+                frames = sock.recv_multipart()
+                if len(frames) != 3:
+                    break
+                seq = sequence_of(frames[1])
+                if seq < 0:
+                    break
+                if seq < upto:
+                    self._apply(url, seq, frames[2])
+                    self.replayed += 1
+        finally:
+            sock.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+        for sub in self._subs:
+            sub.disable_monitor()
+            sub.close(linger=0)
+        for mon in self._monitors:
+            mon.close(linger=0)
+
+
+def parse_sources(text: str) -> dict[str, EventSource]:
+    """``URL=ENDPOINT[|REPLAY]`` pairs, comma-separated (``--kv-events``)."""
+    out: dict[str, EventSource] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        url, sep, rest = part.partition("=")
+        if not sep or not rest:
+            raise ValueError(f"expected URL=ENDPOINT[|REPLAY_ENDPOINT], got {part!r}")
+        endpoint, _, replay = rest.partition("|")
+        out[url.rstrip("/")] = EventSource(endpoint, replay or None)
+    return out

@@ -1,0 +1,259 @@
+"""Per-worker cache state rebuilt from SGLang's KV events (see docs/routing.md, "KV events").
+
+SGLang's events name pages by a hash of the page's own tokens, not of its
+prefix, and link no node to its parent; at the default page size of 1 a
+page hash names a single token. So this index does not rebuild the tree.
+It keeps each worker's resident radix nodes as *runs* (the pages of one
+``BlockStored`` chain: a node SGLang stored, with its token ids) and, over
+the runs, content-defined anchors: every ``ANCHOR_WINDOW``-token window
+whose hash is 0 modulo ``ANCHOR_EVERY``. A template's fingerprint is the
+anchors of its own tokens (up to ``FINGERPRINT_ANCHORS``, spread over it);
+a worker holds the template when every one of them is resident there.
+Anchors depend on the tokens alone, so a template is found whatever the
+depth or the node boundaries it sits at (a window cut by a split is lost
+for both halves, so a template is held when at least
+``HOLD_FRACTION`` of its anchors are).
+
+Bounded: a worker's runs are capped (``max_tokens``); past the cap the
+worker's state is dropped and it counts as unknown until its next
+``AllBlocksCleared``. A gap in a worker's sequence numbers (lost events,
+a subscriber behind its publisher's high-water mark) makes it unknown too,
+until a replay fills the gap or the worker restarts. An unknown worker
+falls back to the router's own marks. Thread-safe: a subscriber thread
+applies batches while routes read.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Sequence
+
+from agent_cache.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from agent_cache.store.base import WorkerSpec
+
+ANCHOR_WINDOW = 16
+ANCHOR_EVERY = 32
+FINGERPRINT_ANCHORS = 8
+HOLD_FRACTION = 0.75
+DEFAULT_MAX_TOKENS = 4_000_000  # per worker: 10x a 400k-token KV pool
+DEFAULT_MAX_TEMPLATES = 10_000
+
+
+def anchors(tokens: Sequence[int]) -> list[int]:
+    """The content-defined anchor hashes of ``tokens``, in order."""
+    out = []
+    w = ANCHOR_WINDOW
+    for i in range(len(tokens) - w + 1):
+        h = hash(tuple(tokens[i : i + w]))
+        if h % ANCHOR_EVERY == 0:
+            out.append(h)
+    return out
+
+
+def fingerprint(tokens: Sequence[int]) -> tuple[int, ...]:
+    """Up to ``FINGERPRINT_ANCHORS`` of the anchors of ``tokens``, spread evenly, the last one included."""
+    found = list(dict.fromkeys(anchors(tokens)))
+    if len(found) <= FINGERPRINT_ANCHORS:
+        return tuple(found)
+    step = len(found) / FINGERPRINT_ANCHORS
+    return tuple(found[min(len(found) - 1, int((k + 1) * step) - 1)] for k in range(FINGERPRINT_ANCHORS))
+
+
+@dataclass
+class _Run:
+    tokens: list[int]
+    pages: list[int]  # block hashes, in order
+    anchors: list[int]
+
+
+@dataclass
+class _Worker:
+    runs: dict[int, _Run] = field(default_factory=dict)
+    by_first: dict[int, list[int]] = field(default_factory=dict)  # first page hash -> run ids
+    anchors: dict[int, int] = field(default_factory=dict)  # anchor hash -> resident count
+    tokens: int = 0
+    seq: int | None = None  # the last sequence number applied
+    known: bool = False  # an AllBlocksCleared was seen and no event was lost since
+    next_id: int = 0
+    stored: int = 0
+    removed: int = 0
+
+
+class KvState:
+    """Which workers hold which templates, and how many tokens each caches, from their KV events."""
+
+    def __init__(self, *, max_tokens: int = DEFAULT_MAX_TOKENS, max_templates: int = DEFAULT_MAX_TEMPLATES) -> None:
+        self.max_tokens = max_tokens
+        self.max_templates = max_templates
+        self._workers: dict[str, _Worker] = {}
+        self._templates: dict[str, tuple[int, ...]] = {}
+        self._lock = threading.Lock()
+        self.gaps = 0  # batches that arrived after a lost one
+        self.overflows = 0  # workers dropped past max_tokens
+
+    # --- templates ------------------------------------------------------------------
+
+    def learn_template(self, template_id: str, token_ids: Sequence[int]) -> None:
+        """Remember a template's fingerprint (its token ids as the workers tokenize it)."""
+        fp = fingerprint(token_ids)
+        with self._lock:
+            if template_id not in self._templates and len(self._templates) >= self.max_templates:
+                self._templates.pop(next(iter(self._templates)))  # the oldest learned goes
+            self._templates[template_id] = fp
+
+    def knows_template(self, template_id: str) -> bool:
+        return template_id in self._templates
+
+    def holders(self, template_id: str, workers: Iterable[str]) -> tuple[frozenset[str], frozenset[str]] | None:
+        """(workers holding the template, workers whose state is known) among ``workers``;
+        None when the template's fingerprint is not known (or it has no anchor)."""
+        fp = self._templates.get(template_id)
+        if not fp:
+            return None
+        need = max(1, int(len(fp) * HOLD_FRACTION + 0.999))
+        held, known = set(), set()
+        with self._lock:
+            for url in workers:
+                w = self._workers.get(url)
+                if w is None or not w.known:
+                    continue
+                known.add(url)
+                if sum(1 for a in fp if a in w.anchors) >= need:
+                    held.add(url)
+        return frozenset(held), frozenset(known)
+
+    def annotate(self, template_id: str | None, specs: tuple[WorkerSpec, ...]) -> tuple[WorkerSpec, ...]:
+        """The route's workers, each marked "held" / "lacks" for the template where its events tell."""
+        found = self.holders(template_id, [s.url for s in specs]) if template_id else None
+        if found is None:
+            return specs  # nothing known: the store's own marks decide, exactly as without events
+        held, known = found
+        return tuple(replace(s, template="held" if s.url in held else "lacks") if s.url in known else s
+                     for s in specs)
+
+    # --- state of a worker ----------------------------------------------------------
+
+    def known(self, url: str) -> bool:
+        w = self._workers.get(url)
+        return w is not None and w.known
+
+    def cached_tokens(self, url: str) -> int | None:
+        """Tokens the worker's radix tree holds now (None: unknown)."""
+        w = self._workers.get(url)
+        return w.tokens if w is not None and w.known else None
+
+    def next_seq(self, url: str) -> int | None:
+        """The sequence number expected next from ``url`` (None: never heard from)."""
+        w = self._workers.get(url)
+        return None if w is None or w.seq is None else w.seq + 1
+
+    def disconnected(self, url: str) -> None:
+        """The worker's publisher went away: what it holds is unknown until it is heard from again."""
+        with self._lock:
+            w = self._workers.get(url)
+            if w is not None:
+                self._clear(w)
+                w.known, w.seq = False, None
+
+    def forget(self, url: str) -> None:
+        with self._lock:
+            self._workers.pop(url, None)
+
+    # --- events ---------------------------------------------------------------------
+
+    def apply(self, url: str, seq: int, batch: KVEventBatch) -> None:
+        """Apply one published batch of ``url``'s events (``seq``: its sequence number)."""
+        with self._lock:
+            w = self._workers.setdefault(url, _Worker())
+            if w.seq is not None and seq != w.seq + 1 and not (seq == 0 and _starts_clear(batch)):
+                self.gaps += 1
+                if seq <= w.seq:  # numbering started again: the worker restarted and its first batches were lost
+                    self._clear(w)
+                w.known = False  # events were lost: unknown until the worker's next AllBlocksCleared
+            w.seq = seq
+            self._apply_events(w, batch)
+
+    def _apply_events(self, w: _Worker, batch: KVEventBatch) -> None:
+        stored: list[BlockStored] = []
+        removed: list[int] = []
+        for e in batch.events:
+            if isinstance(e, BlockStored):
+                if removed:
+                    self._remove(w, removed)
+                    removed = []
+                if e.parent_block_hash is None and stored:
+                    self._store(w, stored)
+                    stored = []
+                stored.append(e)
+            elif isinstance(e, BlockRemoved):
+                if stored:
+                    self._store(w, stored)
+                    stored = []
+                removed.extend(e.block_hashes)
+            elif isinstance(e, AllBlocksCleared):
+                stored, removed = [], []
+                self._clear(w)
+                w.known = True
+        if stored:
+            self._store(w, stored)
+        if removed:
+            self._remove(w, removed)
+        if w.tokens > self.max_tokens:
+            self.overflows += 1
+            self._clear(w)
+            w.known = False
+
+    @staticmethod
+    def _clear(w: _Worker) -> None:
+        w.runs.clear()
+        w.by_first.clear()
+        w.anchors.clear()
+        w.tokens = 0
+
+    def _store(self, w: _Worker, chain: list[BlockStored]) -> None:
+        tokens: list[int] = []
+        pages: list[int] = []
+        for e in chain:
+            tokens.extend(e.token_ids)
+            pages.extend(e.block_hashes)
+        run = _Run(tokens, pages, anchors(tokens))
+        rid = w.next_id
+        w.next_id += 1
+        w.runs[rid] = run
+        w.by_first.setdefault(pages[0], []).append(rid)
+        for a in run.anchors:
+            w.anchors[a] = w.anchors.get(a, 0) + 1
+        w.tokens += len(tokens)
+        w.stored += 1
+
+    def _remove(self, w: _Worker, hashes: list[int]) -> None:
+        """Consecutive removed pages: one or more whole runs, each matched by its pages."""
+        i = 0
+        while i < len(hashes):
+            match = None
+            for rid in w.by_first.get(hashes[i], ()):
+                pages = w.runs[rid].pages
+                if hashes[i : i + len(pages)] == pages and (match is None or len(pages) > len(w.runs[match].pages)):
+                    match = rid
+            if match is None:
+                i += 1  # a page of a run this index never saw (stored before it subscribed)
+                continue
+            run = w.runs.pop(match)
+            ids = w.by_first[run.pages[0]]
+            ids.remove(match)
+            if not ids:
+                del w.by_first[run.pages[0]]
+            for a in run.anchors:
+                n = w.anchors[a] - 1
+                if n:
+                    w.anchors[a] = n
+                else:
+                    del w.anchors[a]
+            w.tokens -= len(run.tokens)
+            w.removed += 1
+            i += len(run.pages)
+
+
+def _starts_clear(batch: KVEventBatch) -> bool:
+    return bool(batch.events) and isinstance(batch.events[0], AllBlocksCleared)
