@@ -24,6 +24,7 @@ shares: an upper bound on hits, with the same GPU timing).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import sys
 import time
@@ -33,6 +34,7 @@ from typing import Any, Callable, Iterator, Sequence
 from agent_cache.bench.policies import Dispatch, RoutingPolicy
 from agent_cache.bench.workloads import CallSpec, SessionSpec
 from agent_cache.sim.latency import DEFAULT_LATENCY, LatencyModel
+from agent_cache.sim.kv_publisher import DECODE_LOG_INTERVAL
 from agent_cache.sim.radix import RadixCache
 from agent_cache.sim.scheduler import (
     DONE,
@@ -47,6 +49,7 @@ _ARRIVE, _PASS_DONE = 0, 1
 # (time, seq, kind, payload): the payload is a _Sess (_ARRIVE) or (worker index, Iteration) (_PASS_DONE)
 _Event = tuple[float, int, int, Any]
 _ORACLE_TOKENS = 1 << 50
+_PREWARM = object()  # the tag of a prewarm request: not a session's call, not measured
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class RunResult:
     imbalance_samples: int = 0
     moves: dict[str, int] = field(default_factory=dict)  # pin moves by reason
     placements: dict[str, int] = field(default_factory=dict)  # agent-cache's new sessions by outcome
+    prewarms: dict[str, int] = field(default_factory=dict)  # agent-cache-kv: prewarms sent, hits, refused
     evicted_tokens: int = 0
     recomputed_tokens: int = 0  # prompt tokens of a session's own earlier calls prefilled again
     working_set_tokens: int = 0  # peak over time of the live sessions' context tokens, summed
@@ -155,6 +159,10 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
     wall0 = time.perf_counter()
     mode = policy.cache
     sched = cfg.scheduler_config(mode)
+    kv = policy.kv_events and mode == "radix"
+    if kv:
+        sched = dataclasses.replace(sched, enable_kv_events=True)
+    decodes = [0] * cfg.workers  # decode passes per worker: SGLang publishes every DECODE_LOG_INTERVAL-th
     shared = RadixCache(_ORACLE_TOKENS, page_size=cfg.page_size) if mode == "oracle" else None
     models = [WorkerModel(sched, cache=shared) for _ in range(cfg.workers)]
     busy = [False] * cfg.workers
@@ -178,6 +186,21 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
     report_every = max(1, len(sessions) // 20)
     started: set[int] = set()  # requests whose first prefill pass has begun
 
+    def prewarm(now: float) -> None:
+        for wj, tokens in policy.take_prewarms():
+            models[wj].submit(SimRequest(prompt=tokens, output_len=1, output=(), max_new_tokens=1, tag=_PREWARM), now)
+            if not busy[wj]:
+                start_pass(wj, now)
+
+    def publish(wi: int, kind: str) -> None:
+        if kind == "decode":
+            decodes[wi] += 1
+            if decodes[wi] % DECODE_LOG_INTERVAL:
+                return
+        events = models[wi].cache.take_events()
+        if events:
+            policy.kv_batch(wi, events)
+
     def start_pass(wi: int, now: float) -> None:
         nonlocal seq
         it = models[wi].next_iteration()
@@ -189,7 +212,7 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
             res.decode_batches[len(it.batch)] = res.decode_batches.get(len(it.batch), 0) + 1
         else:
             for req, _ in it.chunks:
-                if id(req) not in started:
+                if id(req) not in started and req.tag is not _PREWARM:
                     started.add(id(req))
                     res.queue_waits.append(now - req.arrival)
         heapq.heappush(heap, (now + it.seconds, seq, _PASS_DONE, (wi, it)))
@@ -212,9 +235,11 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
                                     call.tmpl_template_tokens if tmpl_form else call.raw_template_tokens,
                                     n_calls % replicas)
                 n_calls += 1
+                prompt = call.tmpl if tmpl_form else call.raw
+                if kv:
+                    dispatch.template_token_ids = prompt[: dispatch.template_tokens]
                 policy.now = now
                 wi = policy.route(dispatch, fleet)
-                prompt = call.tmpl if tmpl_form else call.raw
                 reusable = st.reusable(dispatch.template_id, prompt)
                 req = SimRequest(prompt=prompt, output_len=max(1, len(call.output)), output=call.output,
                                  max_new_tokens=None, tag=(st, dispatch, reusable))
@@ -227,9 +252,17 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
                 res.imbalance_samples += 1
                 if not busy[wi]:
                     start_pass(wi, now)
+                if kv:
+                    prewarm(now)
                 continue
             wi, it = obj
-            for req, event in models[wi].finish_iteration(it, now):
+            finished = models[wi].finish_iteration(it, now)
+            if kv:
+                policy.now = now
+                publish(wi, it.kind)
+            for req, event in finished:
+                if req.tag is _PREWARM:
+                    continue
                 if event == FIRST_TOKEN:
                     res.ttfts.append(now - req.arrival)
                     continue
@@ -271,6 +304,7 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
         res.peak_kv_tokens = shared.total_tokens  # everything ever produced: the "infinite" cache
     res.moves = dict(policy.moves)
     res.placements = dict(policy.placements)
+    res.prewarms = policy.prewarm_counts()
     res.evicted_tokens = sum(m.cache.evicted_tokens for m in models) if shared is None else 0
     res.retractions = sum(m.counters.retractions for m in models)
     res.wall_s = time.perf_counter() - wall0

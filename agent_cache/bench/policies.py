@@ -22,7 +22,10 @@ import random
 import uuid
 from typing import Any, Protocol, Sequence
 
+from agent_cache.kv_events import KVEventBatch
 from agent_cache.placement.rule import Policy
+from agent_cache.routing.kv_state import KvState
+from agent_cache.routing.prewarm import Prewarmer
 from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.store.base import MetadataStore
 from agent_cache.store.memory import MemoryStore
@@ -39,7 +42,7 @@ class FleetView(Protocol):
 class Dispatch:
     """One call as a router sees it when it is sent; ``handle`` is the policy's own record of it."""
 
-    __slots__ = ("session_id", "tenant", "template_id", "template_tokens", "replica", "handle")
+    __slots__ = ("session_id", "tenant", "template_id", "template_tokens", "replica", "handle", "template_token_ids")
 
     def __init__(self, session_id: str, tenant: str, template_id: str, template_tokens: int, replica: int) -> None:
         self.session_id = session_id
@@ -48,6 +51,7 @@ class Dispatch:
         self.template_tokens = template_tokens
         self.replica = replica
         self.handle: Any = None
+        self.template_token_ids: Sequence[int] = ()  # the template's token ids (given to policies with kv_events)
 
 
 class RoutingPolicy:
@@ -56,6 +60,7 @@ class RoutingPolicy:
     name = "base"
     form = "raw"
     cache = "radix"  # radix | none | oracle
+    kv_events = False  # True: the workers publish KV events to the policy (kv_batch) and it may prewarm
 
     def __init__(self, workers: int, replicas: int = 1, seed: int = 0) -> None:
         self.workers = workers
@@ -76,6 +81,16 @@ class RoutingPolicy:
 
     def close(self) -> None:
         """Release what the policy holds (stores, connections)."""
+
+    def kv_batch(self, worker: int, events: list[Any]) -> None:
+        """One batch of a worker's KV events, when the worker would publish it (``kv_events`` policies)."""
+
+    def take_prewarms(self) -> list[tuple[int, Sequence[int]]]:
+        """Prewarm requests decided since the last call: (worker, template token ids)."""
+        return []
+
+    def prewarm_counts(self) -> dict[str, int]:
+        return {}
 
 
 class RoundRobin(RoutingPolicy):
@@ -205,6 +220,51 @@ class AgentCache(RoutingPolicy):
             delete_deployment(self._redis, self._prefix)  # this run's keys only
 
 
+class AgentCacheKv(AgentCache):
+    """The same Router fed the workers' KV events (exact template holders), plus hot-template prewarming."""
+
+    name = "agent-cache-kv"
+    kv_events = True
+
+    def __init__(self, workers: int, replicas: int = 1, seed: int = 0, *, capacity: int = 400_000,
+                 redis_url: str | None = None, policy: Policy | None = None) -> None:
+        super().__init__(workers, replicas, seed, capacity=capacity, redis_url=redis_url, policy=policy)
+        self.kv = KvState()
+        for r in self.routers:
+            r.kv_events = self.kv  # one subscriber's state, as every replica's indexer would build alike
+        self.prewarmer = Prewarmer()
+        self._seq = [0] * workers
+        self._prewarms: list[tuple[int, Sequence[int]]] = []
+        self._tokens: dict[str, Sequence[int]] = {}
+
+    def route(self, call: Dispatch, fleet: FleetView) -> int:
+        tid = call.template_id
+        if tid and tid not in self._tokens and call.template_token_ids:
+            self._tokens[tid] = call.template_token_ids
+            self.kv.learn_template(tid, call.template_token_ids)
+        found = self.kv.holders(tid, self.urls) if tid else None
+        wi = super().route(call, fleet)
+        placement: Placement = call.handle
+        if tid and found is not None and placement.outcome.startswith("placed_"):
+            held, _ = found
+            by_room = sorted(self.urls, key=lambda u: self.kv.cached_tokens(u) or 0)  # the true KV in use
+            for url in self.prewarmer.plan(tid, placement.worker, placement.outcome, held, by_room, self.now):
+                self._prewarms.append((self._index[url], self._tokens[tid]))
+        return wi
+
+    def kv_batch(self, worker: int, events: list[Any]) -> None:
+        self.kv.apply(self.urls[worker], self._seq[worker], KVEventBatch(self.now, events))
+        self._seq[worker] += 1
+
+    def take_prewarms(self) -> list[tuple[int, Sequence[int]]]:
+        out, self._prewarms = self._prewarms, []
+        return out
+
+    def prewarm_counts(self) -> dict[str, int]:
+        c = self.prewarmer.counts
+        return {"sent": c.prewarms, "hits": c.hits, "refused": c.refused, "event_gaps": self.kv.gaps}
+
+
 class AgentCacheNoTemplates(AgentCache):
     """The same Router; prompts sent raw, template ids from ``Templater("off")``."""
 
@@ -236,7 +296,8 @@ class NoCache(Oracle):
 
 
 POLICIES: dict[str, type[RoutingPolicy]] = {p.name: p for p in (
-    RoundRobin, RandomChoice, LeastLoad, ConsistentHash, AgentCache, AgentCacheNoTemplates, Oracle, NoCache)}
+    RoundRobin, RandomChoice, LeastLoad, ConsistentHash, AgentCache, AgentCacheKv, AgentCacheNoTemplates, Oracle,
+    NoCache)}
 
 
 def make_policies(names: Sequence[str], workers: int, replicas: int, seed: int, *, capacity: int = 400_000,
