@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from agent_cache.bench import report
+from agent_cache.bench import bands, report
 from agent_cache.bench.experiment import Preset, working_set
 from agent_cache.bench.experiment import workload as build_workload
 from agent_cache.bench.fleetsim import FleetConfig, RunResult, simulate
@@ -42,7 +42,7 @@ TRACE_SESSIONS, TRACE_RATE = 100, 8.0
 def _row(r: RunResult) -> dict[str, Any]:
     m = report.metrics(r, None)
     keep = ("token_hit_rate", "ttft_p50_s", "ttft_p99_s", "load_imbalance", "throughput_sessions_per_s",
-            "evicted_tokens", "recomputed_tokens", "moves", "moves_by_reason", "working_set_tokens")
+            "evicted_tokens", "recomputed_tokens", "moves", "moves_by_reason", "working_set_tokens", "prewarms")
     return {k: m[k] for k in keep}
 
 
@@ -103,18 +103,27 @@ def run(args: argparse.Namespace, workers: int, log: Callable[[str], None],
         log(f"{kind}: {len(sessions)} sessions at {rate:g}/s, working set {ws:,} tokens")
         entry: dict[str, Any] = {"sessions": len(sessions), "rate": rate, "working_set_tokens": ws,
                                  "capacity": {}, "load": {}, "throughput_at_slo": {}}
+        others = [(seed, build_workload(ns, preset, n, rate, kind=kind, seed=seed))
+                  for seed in range(args.seed + 1, args.seed + max(1, getattr(args, "seeds", 1)))]
+        other_ws = [working_set(ss, base, seed) for seed, ss in others]
         for mult in MULTIPLES:
             cap = max(1, math.ceil(mult * ws / workers))
-            cfg = dataclasses.replace(base, capacity_tokens=cap)
-            rows = {}
-            for pol in make_policies(names, workers, base.replicas, args.seed, capacity=cap, redis_url=args.redis,
-                                     placement=args.placement):
-                rows[pol.name] = _row(simulate(sessions, pol, cfg))
-                log(f"{kind} x{mult:g} ({cap:,} tokens/worker) {pol.name}: hit "
-                    f"{rows[pol.name]['token_hit_rate']:.1%}, p99 {rows[pol.name]['ttft_p99_s'] * 1000:.0f} ms")
-            entry["capacity"][f"x{mult:g}"] = {"capacity_tokens_per_worker": cap, "policies": rows}
+            rows = _capacity_rows(args, names, workers, base, sessions, cap, args.seed)
+            for name, row in rows.items():
+                log(f"{kind} x{mult:g} ({cap:,} tokens/worker) {name}: hit "
+                    f"{row['token_hit_rate']:.1%}, p99 {row['ttft_p99_s'] * 1000:.0f} ms")
+            c: dict[str, Any] = {"capacity_tokens_per_worker": cap, "policies": rows}
+            if others:  # --seeds N: the same multiple of each seed's own working set
+                runs = [rows] + [_capacity_rows(args, names, workers, base, ss, max(1, math.ceil(mult * w / workers)),
+                                                seed) for (seed, ss), w in zip(others, other_ws)]
+                c["seeds"] = [args.seed] + [seed for seed, _ in others]
+                c["bands"] = {name: {k: b[k] for k in ("token_hit_rate", "ttft_p99_s")}
+                              for name, b in bands.bands(runs).items()}
+                c["runs"] = [{name: {k: r[name][k] for k in ("token_hit_rate", "ttft_p99_s")} for name in r}
+                             for r in runs]
+            entry["capacity"][f"x{mult:g}"] = c
         cfg = dataclasses.replace(base, capacity_tokens=max(1, math.ceil(1.5 * ws / workers)))
-        for name in names:
+        for name in names if not getattr(args, "no_sweeps", False) else ():
 
             def run_at(r: float, name: str = name) -> dict[str, Any]:
                 (pol,) = make_policies((name,), workers, base.replicas, args.seed, capacity=cfg.capacity_tokens,
@@ -134,6 +143,14 @@ def run(args: argparse.Namespace, workers: int, log: Callable[[str], None],
     return {"config": config, "pressure": out}
 
 
+def _capacity_rows(args: argparse.Namespace, names: tuple[str, ...], workers: int, base: FleetConfig,
+                   sessions: list[SessionSpec], cap: int, seed: int) -> dict[str, dict[str, Any]]:
+    cfg = dataclasses.replace(base, capacity_tokens=cap)
+    return {pol.name: _row(simulate(sessions, pol, cfg))
+            for pol in make_policies(names, workers, base.replicas, seed, capacity=cap, redis_url=args.redis,
+                                     placement=args.placement)}
+
+
 def markdown(doc: dict[str, Any]) -> str:
     """results.md of a pressure run: per workload, hit rate and p99 TTFT per capacity multiple and per load."""
     lines = ["# Memory-pressure and load results (simulated)", "",
@@ -148,6 +165,19 @@ def markdown(doc: dict[str, Any]) -> str:
                 lines.append(f"| {mult} | {name} | {m['token_hit_rate']:.1%} | {m['ttft_p50_s'] * 1000:.1f} | "
                              f"{m['ttft_p99_s'] * 1000:.1f} | {m['load_imbalance']:.2f} | {m['evicted_tokens']:,} | "
                              f"{m['recomputed_tokens']:,} | {m['moves']} |")
+        banded = {mult: c for mult, c in entry["capacity"].items() if "bands" in c}
+        if banded:
+            seeds = next(iter(banded.values()))["seeds"]
+            lines += ["", f"Bands over seeds {', '.join(map(str, seeds))} (min / median / max):", "",
+                      "| capacity | policy | hit rate | TTFT p99 (ms) |", "| --- | --- | ---: | ---: |"]
+            for mult, c in banded.items():
+                for name, b in c["bands"].items():
+                    hit = " / ".join(f"{v:.1%}" for v in b["token_hit_rate"] or [])
+                    p99 = " / ".join(f"{v * 1000:.0f}" for v in b["ttft_p99_s"] or [])
+                    lines.append(f"| {mult} | {name} | {hit} | {p99} |")
+        if not entry["throughput_at_slo"]:
+            lines.append("")
+            continue
         lines += ["", f"Throughput at the SLO (p99 TTFT <= {doc['config']['slo_ttft_p99_s']:g} s), capacity x1.5:", "",
                   "| policy | offered sessions/s | completed sessions/s | runs (rate: p99 ms) |",
                   "| --- | ---: | ---: | --- |"]
