@@ -174,6 +174,7 @@ class AgentCache(RoutingPolicy):
                  redis_url: str | None = None, policy: Policy | None = None) -> None:
         super().__init__(workers, replicas, seed)
         self.urls = [f"http://worker-{i}" for i in range(workers)]
+        self.capacity = capacity
         self._index = {u: i for i, u in enumerate(self.urls)}
         self._redis = redis_url
         self._prefix = f"agent-cache-bench-{uuid.uuid4().hex[:8]}"
@@ -247,8 +248,12 @@ class AgentCacheKv(AgentCache):
         placement: Placement = call.handle
         if tid and found is not None and placement.outcome.startswith("placed_"):
             held, _ = found
-            by_room = sorted(self.urls, key=lambda u: self.kv.cached_tokens(u) or 0)  # the true KV in use
-            for url in self.prewarmer.plan(tid, placement.worker, placement.outcome, held, by_room, self.now):
+            need = len(self._tokens[tid])
+            used = {u: self.kv.cached_tokens(u) for u in self.urls}  # the true KV in use
+            # only where the template fits beside what is cached: a prewarm must not evict a session's prefix
+            room = sorted((u for u, n in used.items() if n is not None and n + need <= self.capacity),
+                          key=lambda u: used[u] or 0)
+            for url in self.prewarmer.plan(tid, placement.worker, placement.outcome, held, room, self.now):
                 self._prewarms.append((self._index[url], self._tokens[tid]))
         return wi
 

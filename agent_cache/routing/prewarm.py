@@ -59,7 +59,8 @@ class Prewarmer:
     def plan(self, template_id: str | None, worker: str, outcome: str, holders: frozenset[str],
              candidates: Iterable[str], now: float) -> list[str]:
         """Workers to prewarm ``template_id`` on after a route; ``holders``: who holds it (before this call),
-        ``candidates``: the pool's up workers, cheapest first. Only new sessions count."""
+        ``candidates``: the pool's up workers with room for the template beside what they cache (a prewarm
+        must not evict a session's prefix), cheapest first. Only new sessions count."""
         if not template_id or not outcome.startswith("placed_"):
             return []
         with self._lock:
