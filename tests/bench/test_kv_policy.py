@@ -1,0 +1,23 @@
+"""agent-cache-kv in the fleet simulation: the workers' KV events reach the routers; hot templates are prewarmed."""
+
+from __future__ import annotations
+
+from agent_cache.bench.fleetsim import FleetConfig, simulate
+from agent_cache.bench.policies import AgentCacheKv, make_policies
+from agent_cache.bench.workloads import WorkloadParams, generate
+
+
+def test_the_kv_policy_learns_every_worker_and_prewarms_a_hot_template_only_where_it_fits() -> None:
+    ss = generate(WorkloadParams(sessions=40, rate=20, seed=3))
+    cfg = FleetConfig(workers=3, capacity_tokens=60_000)
+    (pol,) = make_policies(["agent-cache-kv"], 3, 1, 0, capacity=60_000)
+    assert isinstance(pol, AgentCacheKv)
+    pol.prewarmer.threshold = 2.0  # hot from the third new session a minute
+    res = simulate(ss, pol, cfg)
+    assert res.sessions_done == 40 and res.calls > 40
+    assert all(pol.kv.known(u) for u in pol.urls) and pol.kv.gaps == 0
+    assert res.prewarms["sent"] >= 1 and res.prewarms["sent"] == sum(pol.prewarmer.counts.by_worker.values())
+    assert sum(pol.kv.cached_tokens(u) or 0 for u in pol.urls) > 0
+    # prewarm requests are not calls: the measured calls are the sessions' own
+    (plain,) = make_policies(["agent-cache"], 3, 1, 0, capacity=60_000)
+    assert simulate(ss, plain, cfg).calls == res.calls
