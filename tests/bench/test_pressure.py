@@ -63,3 +63,18 @@ def test_a_small_pressure_run_reports_every_capacity_and_the_throughput_at_the_s
             assert runs[f"{best['rate']:.4g}"]["ttft_p99_s"] <= doc["config"]["slo_ttft_p99_s"]
     md = pressure.markdown(doc)
     assert "Throughput at the SLO" in md and "| consistent-hash |" in md
+
+
+def test_pressure_with_seeds_bands_each_capacity_and_no_sweeps_skips_the_load_search() -> None:
+    args = build_parser().parse_args(["--preset", "pressure", "--policies", "agent-cache,agent-cache-kv",
+                                      "--seeds", "2", "--no-sweeps", "--quiet"])
+    doc = pressure.run(args, 2, lambda m: None, workloads={"react": (8, 2.0)})
+    entry = doc["pressure"]["react"]
+    assert entry["load"] == {} and entry["throughput_at_slo"] == {}
+    for mult in pressure.MULTIPLES:
+        c = entry["capacity"][f"x{mult:g}"]
+        assert c["seeds"] == [0, 1] and len(c["runs"]) == 2
+        for name in ("agent-cache", "agent-cache-kv"):
+            lo, mid, hi = c["bands"][name]["token_hit_rate"]
+            assert lo <= mid <= hi and lo == min(r[name]["token_hit_rate"] for r in c["runs"])
+    assert "Bands over seeds 0, 1" in pressure.markdown(doc)
