@@ -17,6 +17,11 @@ plus the session's tool time. Per call:
 4. the call ends with its last decode step; its prompt and output stay in
    the worker's cache (evictable) for the session's next call.
 
+A policy with ``kv_events`` (``agent-cache-kv``) gets each worker's KV
+events when SGLang would publish them (after each prefill pass and every
+40th decode pass), and its prewarms run as one-token requests on the
+worker it names; they are not calls, and nothing of them is measured.
+
 Cache modes of a policy: ``radix`` (each worker's own cache), ``none``
 (radix cache disabled) and ``oracle`` (one infinite cache the whole fleet
 shares: an upper bound on hits, with the same GPU timing).
