@@ -250,8 +250,9 @@ class AgentCacheKv(AgentCache):
             held, _ = found
             need = len(self._tokens[tid])
             used = {u: self.kv.cached_tokens(u) for u in self.urls}  # the true KV in use
-            # only where the template fits beside what is cached: a prewarm must not evict a session's prefix
-            room = sorted((u for u, n in used.items() if n is not None and n + need <= self.capacity),
+            # only where the tree stays within half the pool after it: a prewarm must not evict a session's
+            # prefix, and the pool also holds the running requests' KV outside the tree
+            room = sorted((u for u, n in used.items() if n is not None and n + need <= self.capacity // 2),
                           key=lambda u: used[u] or 0)
             for url in self.prewarmer.plan(tid, placement.worker, placement.outcome, held, room, self.now):
                 self._prewarms.append((self._index[url], self._tokens[tid]))

@@ -60,7 +60,8 @@ class Prewarmer:
              candidates: Iterable[str], now: float) -> list[str]:
         """Workers to prewarm ``template_id`` on after a route; ``holders``: who holds it (before this call),
         ``candidates``: the pool's up workers with room for the template beside what they cache (a prewarm
-        must not evict a session's prefix), cheapest first. Only new sessions count."""
+        must not evict a session's prefix; the bench policy asks for the tree within half the pool), cheapest
+        first. Only new sessions count."""
         if not template_id or not outcome.startswith("placed_"):
             return []
         with self._lock:
