@@ -120,9 +120,8 @@ class Router(AsyncFace):
         clock: Callable[[], float] = time.time,
         release_delay: float = DEFAULT_RELEASE_DELAY, lease: float = DEFAULT_LEASE,
         first_byte_floor: float = DEFAULT_FLOOR,
-        first_byte_factor: float = DEFAULT_FACTOR,
+        first_byte_factor: float = DEFAULT_FACTOR, kv_events: KvState | None = None,  # KV events: docs/routing.md
         allow_empty: bool = False,  # start with no worker: they are added later (discovery, admin)
-        kv_events: KvState | None = None,
     ) -> None:
         self._workers: list[WorkerConfig] = parse_workers(workers, allow_empty=allow_empty)
         self._pools = parse_pools(pools, {w.pool for w in self._workers})
