@@ -54,6 +54,16 @@ def _positive(kind: type[_Num]) -> Callable[[str], _Num]:
     return parse
 
 
+def _kv_events_config(text: str) -> str:
+    from agent_cache.sim.kv_publisher import KVEventsConfig
+
+    try:
+        KVEventsConfig.from_cli(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+    return text
+
+
 def _non_negative(text: str) -> float:
     value = float(text)
     if value < 0:
@@ -122,7 +132,7 @@ def _add_sim_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--time-scale", type=_non_negative, default=1.0,
                    help="1 = the latency model in real time, 0 = instant (default 1)")
     p.add_argument("--startup-seconds", type=_non_negative, default=0.0, help="answer /health with 503 this long")
-    p.add_argument("--kv-events-config", default=None, metavar="JSON",
+    p.add_argument("--kv-events-config", type=_kv_events_config, default=None, metavar="JSON",
                    help='publish KV cache events as SGLang does, e.g. \'{"publisher": "zmq", "endpoint": '
                         '"tcp://*:5557", "topic": "kv"}\' (SGLang\'s fields: publisher, endpoint, replay_endpoint, '
                         "buffer_steps, hwm, max_queue_size, topic)")

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from agent_cache.kv_events import (
     KVEvent,
@@ -50,8 +50,9 @@ class KVEventsConfig(BaseModel):
     def from_cli(cls, cli_value: str) -> "KVEventsConfig":
         try:
             config = cls.model_validate_json(cli_value)
-        except ValueError as exc:
-            raise ConfigError("--kv-events-config", str(exc).splitlines()[0]) from exc
+        except ValidationError as exc:
+            why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
+            raise ConfigError("--kv-events-config", why) from None
         if config.publisher not in ("null", "zmq"):
             raise ConfigError("--kv-events-config", f"Unknown event publisher '{config.publisher}'")
         return config

@@ -41,3 +41,16 @@ def test_sim_worker_rejects_bad_flags() -> None:
     out = subprocess.run([sys.executable, "-m", "agent_cache.cli", "sim-worker", "--page-size", "0"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--page-size" in out.stderr
+
+
+def test_sim_worker_names_a_bad_kv_events_config_before_it_starts() -> None:
+    from agent_cache.cli import build_parser
+
+    parser = build_parser()
+    ok = parser.parse_args(["sim-worker", "--kv-events-config", '{"publisher": "zmq", "endpoint": "tcp://*:5557"}'])
+    assert ok.kv_events_config == '{"publisher": "zmq", "endpoint": "tcp://*:5557"}'
+    for bad, why in (('{"publisher": "kafka"}', "Unknown event publisher 'kafka'"), ('{"hwm": "x"}', "hwm:"),
+                     ("{bad", "Invalid JSON")):
+        out = subprocess.run([sys.executable, "-m", "agent_cache.cli", "sim-worker", "--kv-events-config", bad],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "--kv-events-config" in out.stderr and why in out.stderr, out.stderr
