@@ -99,15 +99,14 @@ def encode_batch(batch: KVEventBatch) -> bytes:
 
 
 def _event(raw: Any) -> KVEvent:
-    if not isinstance(raw, (list, tuple)) or not raw:
-        raise ValueError(f"not a KV event: {raw!r}")
-    tag = raw[0]
-    if tag == "BlockStored":
-        hashes, parent, tokens, size = raw[1], raw[2], raw[3], raw[4]
-        lora = raw[5] if len(raw) > 5 else None
-        return BlockStored(list(hashes), parent, list(tokens), int(size), lora)
-    if tag == "BlockRemoved":
-        return BlockRemoved(list(raw[1]))
+    try:
+        tag = raw[0]
+        if tag == "BlockStored":  # msgpack gives lists: taken as they are, not copied
+            return BlockStored(raw[1], raw[2], raw[3], raw[4], raw[5] if len(raw) > 5 else None)
+        if tag == "BlockRemoved":
+            return BlockRemoved(raw[1])
+    except (IndexError, KeyError, TypeError) as exc:
+        raise ValueError(f"not a KV event: {raw!r}") from exc
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
     raise ValueError(f"unknown KV event tag {tag!r}")

@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from agent_cache.kv_events import decode_batch, sequence_of
+from agent_cache.kv_events import AllBlocksCleared, decode_batch, sequence_of
 from agent_cache.routing.kv_state import KvState
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ class KvIndexer:
             self._subs[sub] = url
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kv-indexer", daemon=True)
+        self._resync: set[str] = set()  # workers whose publisher connection dropped
         self.batches = 0
         self.replayed = 0
         self.bad = 0
@@ -75,7 +76,7 @@ class KvIndexer:
             for sub, _ in poller.poll(100):
                 if sub in self._monitors:
                     recv_monitor_message(sub)
-                    self.state.disconnected(self._monitors[sub])
+                    self._resync.add(self._monitors[sub])  # its next batch checks whether it restarted
                     continue
                 frames = sub.recv_multipart()
                 if len(frames) != 3:
@@ -84,13 +85,37 @@ class KvIndexer:
                 self._receive(self._subs[sub], sequence_of(frames[1]), frames[2])
 
     def _receive(self, url: str, seq: int, payload: bytes) -> None:
-        expected = self.state.next_seq(url)
         src = self.sources[url]
+        if url in self._resync:
+            # The connection dropped: a restarted worker may have sent its first batches (its reset among
+            # them) before this socket reconnected, and continue at the very number expected. Rebuild from
+            # its replay buffer when that still starts at its reset; otherwise go on as usual. Without a
+            # replay endpoint the worker is unknown until its next AllBlocksCleared.
+            self._resync.discard(url)
+            history = self._fetch(src.replay_endpoint, 0, seq) if src.replay_endpoint is not None else []
+            if history and history[0][0] == 0 and self._starts_clear(history[0][1]):
+                self.state.forget(url)
+                for s, p in history:
+                    self._apply(url, s, p)
+                    self.replayed += 1
+            elif src.replay_endpoint is None and seq > 0:
+                self.state.disconnected(url)
+        expected = self.state.next_seq(url)
         if src.replay_endpoint is not None and seq > 0 and seq != expected:
             # missed batches: from the first lost one, or from 0 when first heard or restarted
             first = expected if expected is not None and seq > expected else 0
-            self._replay(url, src.replay_endpoint, first, seq)
+            for s, p in self._fetch(src.replay_endpoint, first, seq):
+                self._apply(url, s, p)
+                self.replayed += 1
         self._apply(url, seq, payload)
+
+    @staticmethod
+    def _starts_clear(payload: bytes) -> bool:
+        try:
+            events = decode_batch(payload).events
+        except ValueError:
+            return False
+        return bool(events) and isinstance(events[0], AllBlocksCleared)
 
     def _apply(self, url: str, seq: int, payload: bytes) -> None:
         try:
@@ -102,9 +127,11 @@ class KvIndexer:
         self.state.apply(url, seq, batch)
         self.batches += 1
 
-    def _replay(self, url: str, endpoint: str, first: int, upto: int) -> None:
+    def _fetch(self, endpoint: str, first: int, upto: int) -> list[tuple[int, bytes]]:
+        """The publisher's buffered batches numbered ``first`` to ``upto - 1``, from its replay socket."""
         import zmq
 
+        out: list[tuple[int, bytes]] = []
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         try:
@@ -117,11 +144,11 @@ class KvIndexer:
                 seq = sequence_of(frames[1])
                 if seq < 0:
                     break
-                if seq < upto:
-                    self._apply(url, seq, frames[2])
-                    self.replayed += 1
+                if first <= seq < upto:
+                    out.append((seq, frames[2]))
         finally:
             sock.close()
+        return out
 
     def close(self) -> None:
         self._stop.set()

@@ -21,3 +21,10 @@ def test_the_kv_policy_learns_every_worker_and_prewarms_a_hot_template_only_wher
     # prewarm requests are not calls: the measured calls are the sessions' own
     (plain,) = make_policies(["agent-cache"], 3, 1, 0, capacity=60_000)
     assert simulate(ss, plain, cfg).calls == res.calls
+
+
+def test_the_cost_measure_runs_on_a_tiny_input() -> None:
+    from agent_cache.bench.kv_cost import measure
+
+    m = measure(tokens=2_000, node=500)
+    assert m["events"] == 2_001 and m["decode_us_per_event"] > 0 and m["index_us_per_token"] > 0

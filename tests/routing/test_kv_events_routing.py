@@ -139,9 +139,10 @@ def test_the_indexer_follows_a_sim_worker_and_its_restart() -> None:
             assert indexer.batches >= 1 and indexer.bad == 0
             worker.stop()
             worker.start()  # the same port, an empty cache, a new publisher from sequence 0
-            deadline = time.time() + 10
+            deadline, i = time.time() + 10, 0
             while time.time() < deadline and state.holders("sys", [worker.url]) != (set(), {worker.url}):
-                body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hello"}]}
+                i += 1  # a new prompt each time: a prefill pass that stores something publishes a batch
+                body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": f"hello {i}"}]}
                 client.post("/v1/chat/completions", json=body).raise_for_status()
                 time.sleep(0.1)
             assert state.holders("sys", [worker.url]) == (set(), {worker.url})

@@ -1,0 +1,51 @@
+"""``python -m agent_cache.bench.kv_cost``: what following a worker's KV events costs a router.
+
+Builds 200,000 single-token pages (SGLang's page size 1: one event per
+stored token) in a radix cache with events on, then times decoding the
+published payload (:func:`agent_cache.kv_events.decode_batch`) and applying
+it (:meth:`agent_cache.routing.kv_state.KvState.apply`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from agent_cache.kv_events import KVEventBatch, decode_batch, encode_batch
+from agent_cache.routing.kv_state import KvState
+from agent_cache.sim.radix import RadixCache
+
+
+def measure(tokens: int = 200_000, node: int = 2_000, seed: int = 0) -> dict[str, float]:
+    """Microseconds per event to decode and per stored token to index."""
+    rng = random.Random(seed)
+    ids = [rng.randrange(100_000) for _ in range(tokens)]
+    cache = RadixCache(10 * tokens, enable_kv_events=True)
+    for end in range(node, tokens + 1, node):
+        cache.insert(ids[:end])
+    events = cache.take_events()
+    payload = encode_batch(KVEventBatch(0.0, events))
+    t0 = time.perf_counter()
+    batch = decode_batch(payload)
+    t1 = time.perf_counter()
+    KvState().apply("worker", 0, batch)
+    t2 = time.perf_counter()
+    return {"events": float(len(events)), "decode_us_per_event": (t1 - t0) / len(events) * 1e6,
+            "index_us_per_token": (t2 - t1) / tokens * 1e6, "payload_bytes_per_event": len(payload) / len(events)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agent_cache.bench.kv_cost", description=__doc__)
+    p.add_argument("--tokens", type=int, default=200_000)
+    args = p.parse_args(argv)
+    m = measure(args.tokens)
+    per_s = 1e6 / (m["decode_us_per_event"] + m["index_us_per_token"])
+    print(f"{int(m['events']):,} events: decode {m['decode_us_per_event']:.2f} us/event, index "
+          f"{m['index_us_per_token']:.2f} us/token, {m['payload_bytes_per_event']:.0f} bytes/event; "
+          f"one thread follows about {per_s:,.0f} stored tokens/s at page size 1")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
