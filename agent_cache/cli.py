@@ -64,13 +64,6 @@ def _kv_events_config(text: str) -> str:
     return text
 
 
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
 def worker_urls(values: Iterable[str], field: str = "--workers") -> list[str]:
     """Worker URLs as every command takes them: ``a,b``, ``a b`` or the flag repeated; each one checked and
     normalised (a bad one raises ConfigError naming ``field`` and the URL)."""
@@ -103,7 +96,7 @@ def _add_workers(p: argparse.ArgumentParser, what: str, otherwise: str = "") -> 
 
 
 def _add_sim_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from agent_cache.sim.latency_flags import add_latency_args
+    from agent_cache.sim.latency_flags import add_latency_args, non_negative
     from agent_cache.sim.scheduler import SCHEDULE_POLICIES
     from agent_cache.sim.versions import LATEST_VERSION, SUPPORTED_VERSIONS
 
@@ -129,9 +122,9 @@ def _add_sim_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--max-prefill-tokens", type=_positive(int), default=16384)
     p.add_argument("--sglang-version", choices=list(SUPPORTED_VERSIONS), default=LATEST_VERSION, metavar="0.5.N",
                    help=f"serve this SGLang release's routes and fields (0.5.1-{LATEST_VERSION}; default {LATEST_VERSION})")
-    p.add_argument("--time-scale", type=_non_negative, default=1.0,
+    p.add_argument("--time-scale", type=non_negative, default=1.0,
                    help="1 = the latency model in real time, 0 = instant (default 1)")
-    p.add_argument("--startup-seconds", type=_non_negative, default=0.0, help="answer /health with 503 this long")
+    p.add_argument("--startup-seconds", type=non_negative, default=0.0, help="answer /health with 503 this long")
     p.add_argument("--kv-events-config", type=_kv_events_config, default=None, metavar="JSON",
                    help='publish KV cache events as SGLang does, e.g. \'{"publisher": "zmq", "endpoint": '
                         '"tcp://*:5557", "topic": "kv"}\' (SGLang\'s fields: publisher, endpoint, replay_endpoint, '
@@ -154,6 +147,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from agent_cache.sim.latency_flags import non_negative
+
     p = sub.add_parser("demo", help="ReAct agents through agent-cache and through round-robin, side by side")
     _add_workers(p, "real SGLang worker URLs, their caches flushed before each run", ", else a simulated fleet")
     p.add_argument("--redis", metavar="URL", default=environment.value(environment.REDIS_URL),
@@ -162,7 +157,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--concurrency", type=_positive(int), default=4, help="sessions running at once (default 4)")
     p.add_argument("--quick", action="store_true", help="a short run (6 sessions)")
     p.add_argument("--fleet-size", type=_positive(int), default=4, help="simulated workers (default 4)")
-    p.add_argument("--time-scale", type=_non_negative, default=1.0,
+    p.add_argument("--time-scale", type=non_negative, default=1.0,
                    help="simulated latency: 1 = the latency model in real time, 0 = instant (default 1)")
     p.add_argument("--model", default=None, help="model name sent to the workers")
     p.set_defaults(func=_demo)
@@ -297,6 +292,7 @@ def _serve(args: argparse.Namespace) -> int:
             extra_fields=frozenset(f.strip() for f in (args.extra_fields or "").split(",") if f.strip()),
             worker_api_key=environment.value(environment.API_KEY), first_byte_floor=args.first_byte_floor,
             fleet=admin.fleet_config(args),
+            transport=args.transport,
         )
         if not _store_ready(args.redis, args.prefix, debug=args.log_level == "debug"):
             return 1
@@ -367,8 +363,11 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="seconds a worker may take to answer or to send its next stream event (default %(default)s)")
     p.add_argument("--max-attempts", type=_positive(int), default=3, help="tries per call across workers")
     p.add_argument("--first-byte-floor", type=_positive(float), default=5.0,
-                   help="a streamed call's first attempt waits 3 x the worker's recent p95 time to first byte, "
+                   help="a call's first attempt waits 3 x the worker's recent p95 time to first byte, "
                         "at least this many seconds, before trying another worker (default %(default)s)")
+    p.add_argument("--transport", default="httpx", choices=list(gw.TRANSPORTS),
+                   help="client to the workers: httpx (default) or fast, an asyncio + httptools client "
+                        "using less CPU per call (docs/benchmarks.md)")
     p.add_argument("--extra-fields", metavar="NAME,...",
                    help="request fields to pass through unchecked (fields of a newer SGLang)")
     p.add_argument("--drain-timeout", type=_positive(float), default=30.0,

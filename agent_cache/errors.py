@@ -1,9 +1,44 @@
 """One error hierarchy for agent-cache.
 
-Every error derives from :class:`AgentCacheError`. Errors a LangChain user
-may see from a model call also derive from the matching
-``langchain_core.exceptions`` type, so ``except ModelConnectionError`` and
-``except WorkerConnectionError`` both work.
+Every error derives from :class:`AgentCacheError`::
+
+    AgentCacheError
+    ├── ConfigError (also ValueError)           bad configuration; ``field`` names it
+    │   ├── InvalidRequestError                 a caller's request is wrong (gateway: 400)
+    │   └── StoreRefusedError                   Redis refuses the credentials, ACL or database
+    ├── BackendError                            one worker failed; ``url``, ``status``, ``retryable``,
+    │   │                                       ``request_fault`` (the request caused it)
+    │   ├── WorkerConnectionError  [retryable]  could not be reached, or dropped the connection
+    │   ├── WorkerTimeoutError     [retryable]  silent past a deadline (first byte, stall)
+    │   ├── WorkerHTTPError                     an HTTP error status
+    │   │   ├── WorkerBadRequestError           4xx: another worker would refuse it too
+    │   │   │   └── ContextLengthError          the prompt is too long
+    │   │   ├── WorkerRateLimitError [retryable] 429
+    │   │   └── WorkerServerError  [retryable]  5xx
+    │   ├── MalformedResponseError [retryable]  not HTTP, not JSON, not SGLang's shape
+    │   ├── ResponseMismatchError  [request]    a JSON body where a stream was asked (or the reverse)
+    │   ├── WorkerAbortedError     [retryable]  ``finish_reason: abort``
+    │   └── StreamError            [retryable]  broke mid-stream, no ``[DONE]``, an error event
+    ├── TemplateError (also ValueError)         messages or tools cannot be normalised
+    ├── StoreError                              the metadata store failed
+    │   └── StoreUnavailableError               unreachable: routing goes on by hashing
+    ├── RoutingError                            no worker can take the call
+    │   └── NoHealthyWorkerError
+    ├── RequestRejectedError                    the gateway refuses a request (status, code)
+    ├── TraceFormatError (also ValueError)
+    └── BenchProcessError
+
+Errors a LangChain user may see from a model call also derive from the
+matching ``langchain_core.exceptions`` type (WorkerConnectionError and
+NoHealthyWorkerError from ModelConnectionError, WorkerTimeoutError from
+ModelTimeoutError, WorkerBadRequestError from ModelInvalidRequestError,
+ContextLengthError from ContextOverflowError, ResponseMismatchError from
+ModelInvalidRequestError, WorkerRateLimitError from
+ModelRateLimitError, the other retryable ones from ModelAPIError), so
+``except ModelConnectionError`` and ``except WorkerConnectionError`` both
+work. That is why this bottom layer imports ``langchain_core.exceptions``:
+``except`` matches real subclasses only (it ignores ``__subclasscheck__``),
+so the LangChain types must be bases when the classes are made.
 """
 
 from __future__ import annotations
@@ -28,6 +63,11 @@ class ConfigError(AgentCacheError, ValueError):
     def __init__(self, field: str, message: str) -> None:
         self.field = field
         super().__init__(f"{field}: {message}")
+
+
+class InvalidRequestError(ConfigError):
+    """A caller's request is wrong (an unknown field, a value out of range, a body that is not JSON):
+    the caller's fault, raised before anything is routed or written; ``field`` names the part."""
 
 
 # --- backend (SGLang workers) -------------------------------------------------

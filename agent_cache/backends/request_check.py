@@ -14,7 +14,7 @@ from typing import Any, Collection, Mapping, Sequence
 from agent_cache.backends import request_schema
 from agent_cache.backends.protocol import CHAT_FIELDS
 from agent_cache.backends.request_schema import Check, check_depth, check_types
-from agent_cache.errors import ConfigError
+from agent_cache.errors import InvalidRequestError
 
 # Fields that namespace the worker's prefix cache: the router sets them from
 # the tenant, so a caller cannot read (or time) another tenant's cached prompts.
@@ -39,7 +39,7 @@ def check_chat_request(
     fields: Collection[str] = CHAT_FIELDS, owner: str = "give ChatSGLang(tenant=...) instead",
     values_checked: bool = False, schema: Mapping[str, Check] | None = None,
 ) -> None:
-    """Raise :class:`ConfigError` naming the field for a request SGLang or the router would refuse.
+    """Raise :class:`InvalidRequestError` naming the field for a request SGLang or the router would refuse.
 
     ``params``: the chat completion fields (``extra_body`` included, merged
     as the client merges it); ``owned``: the router's value for each of
@@ -52,16 +52,16 @@ def check_chat_request(
     """
     extra = params.get("extra_body") or {}
     if not isinstance(extra, Mapping):
-        raise ConfigError("extra_body", f"expected a mapping, got {type(extra).__name__}")
+        raise InvalidRequestError("extra_body", f"expected a mapping, got {type(extra).__name__}")
     unknown = sorted(str(k) for k in params if k != "extra_body" and k not in fields)
     if unknown:
         shown = [name[:100] for name in unknown[:10]]  # bounded: the answer need not repeat a huge body
-        raise ConfigError(unknown[0][:200], f"not a chat completion field SGLang accepts (unknown: {shown})")
+        raise InvalidRequestError(unknown[0][:200], f"not a chat completion field SGLang accepts (unknown: {shown})")
     for field in TENANT_FIELDS:
         for where, source in ((field, params), (f"extra_body.{field}", extra)):
             value = source.get(field)
             if value is not None and value != owned.get(field):
-                raise ConfigError(where, "set by the router from the model's tenant, so one tenant cannot reach "
+                raise InvalidRequestError(where, "set by the router from the model's tenant, so one tenant cannot reach "
                                          "another's cached prompts; " + owner)
     merged = {**{k: v for k, v in params.items() if k != "extra_body"}, **extra}
     check_depth({"messages": messages, **merged})  # first: every walk below may then recurse
@@ -89,18 +89,18 @@ def _check_options(values: Mapping[str, Any], prefix: str) -> None:
         if value is None:
             continue
         if not _is_number(value) or not math.isfinite(value):
-            raise ConfigError(prefix + name, f"expected a finite number, got {value!r}")
+            raise InvalidRequestError(prefix + name, f"expected a finite number, got {value!r}")
         if value < low or (value == low and not low_ok) or value > high:
             bounds = f"{'[' if low_ok else '('}{low}, {high}]"
-            raise ConfigError(prefix + name, f"must be within {bounds}, got {value!r}")
+            raise InvalidRequestError(prefix + name, f"must be within {bounds}, got {value!r}")
     for name, least in _COUNTS.items():
         value = values.get(name)
         if value is not None and (not _is_integer(value) or value < least):
-            raise ConfigError(prefix + name, f"expected an integer >= {least}, got {value!r}")
+            raise InvalidRequestError(prefix + name, f"expected an integer >= {least}, got {value!r}")
     for name in _INTEGERS:
         value = values.get(name)
         if value is not None and not _is_integer(value):
-            raise ConfigError(prefix + name, f"expected an integer, got {value!r}")
+            raise InvalidRequestError(prefix + name, f"expected an integer, got {value!r}")
 
 
 def _schema_for(fields: Collection[str]) -> Mapping[str, Check]:
@@ -112,11 +112,11 @@ def _schema_for(fields: Collection[str]) -> Mapping[str, Check]:
 
 
 def check_text(value: str, field: str) -> None:
-    """Raise :class:`ConfigError` naming ``field`` if ``value`` cannot be encoded as UTF-8 (a lone surrogate)."""
+    """Raise :class:`InvalidRequestError` naming ``field`` if ``value`` cannot be encoded as UTF-8 (a lone surrogate)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ConfigError(field, f"not valid Unicode text ({exc.reason} at character {exc.start})") from None
+        raise InvalidRequestError(field, f"not valid Unicode text ({exc.reason} at character {exc.start})") from None
 
 
 def _is_number(value: Any) -> bool:
@@ -167,7 +167,7 @@ def _explain(value: Any, path: str) -> None:
         return
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise ConfigError(path, f"{value!r} is not a number JSON can carry")
+            raise InvalidRequestError(path, f"{value!r} is not a number JSON can carry")
         return
     if isinstance(value, str):
         check_text(value, path)
@@ -175,7 +175,7 @@ def _explain(value: Any, path: str) -> None:
     if isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise ConfigError(path, f"keys must be strings, got {key!r}")
+                raise InvalidRequestError(path, f"keys must be strings, got {key!r}")
             _explain(key, path)
             _explain(item, f"{path}.{key}")
         return
@@ -183,4 +183,4 @@ def _explain(value: Any, path: str) -> None:
         for i, item in enumerate(value):
             _explain(item, f"{path}[{i}]")
         return
-    raise ConfigError(path, f"a {type(value).__name__} cannot be sent as JSON")
+    raise InvalidRequestError(path, f"a {type(value).__name__} cannot be sent as JSON")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from agent_cache.errors import ConfigError
+from agent_cache.errors import ConfigError, InvalidRequestError
 
 MAX_DEPTH = 64
 
@@ -40,7 +40,7 @@ def _name(value: Any) -> str:
 
 
 def _fail(path: str, expected: str, value: Any) -> None:
-    raise ConfigError(path, f"expected {expected}, got {_name(value)}")
+    raise InvalidRequestError(path, f"expected {expected}, got {_name(value)}")
 
 
 def boolean(value: Any, path: str) -> None:
@@ -117,7 +117,7 @@ def one_of(expected: str, *checks: Check) -> Check:
 def literal(*allowed: str) -> Check:
     def run(value: Any, path: str) -> None:
         if value not in allowed or not isinstance(value, str):
-            raise ConfigError(path, f"expected one of {list(allowed)}, got {value!r}"[:200])
+            raise InvalidRequestError(path, f"expected one of {list(allowed)}, got {value!r}"[:200])
     return run
 
 
@@ -128,7 +128,7 @@ def fields(required: Mapping[str, Check], optional_fields: Mapping[str, Check] |
         json_object(value, path)
         for name, check in required.items():
             if value.get(name) is None:
-                raise ConfigError(f"{path}.{name}", "required")
+                raise InvalidRequestError(f"{path}.{name}", "required")
             check(value[name], f"{path}.{name}")
         for name, check in (optional_fields or {}).items():
             if value.get(name) is not None:
@@ -209,7 +209,7 @@ GENERATE: dict[str, Check] = {
 
 
 def check_types(params: Mapping[str, Any], schema: Mapping[str, Check]) -> None:
-    """Raise :class:`ConfigError` naming the first field of ``params`` whose type ``schema`` refuses
+    """Raise :class:`InvalidRequestError` naming the first field of ``params`` whose type ``schema`` refuses
     (fields it does not list are left as they are: the field list is checked elsewhere)."""
     for name, value in params.items():
         check = schema.get(name)
@@ -218,7 +218,7 @@ def check_types(params: Mapping[str, Any], schema: Mapping[str, Check]) -> None:
 
 
 def check_depth(params: Mapping[str, Any], limit: int = MAX_DEPTH) -> None:
-    """Raise :class:`ConfigError` naming the field whose value nests lists and objects deeper than ``limit``
+    """Raise :class:`InvalidRequestError` naming the field whose value nests lists and objects deeper than ``limit``
     (iterative: a value nested any depth is walked without recursion)."""
     for name, value in params.items():
         if not isinstance(value, (list, tuple, Mapping)):
@@ -227,7 +227,7 @@ def check_depth(params: Mapping[str, Any], limit: int = MAX_DEPTH) -> None:
         while stack:
             item, depth = stack.pop()
             if depth > limit:
-                raise ConfigError(str(name), f"nested deeper than {limit} levels")
+                raise InvalidRequestError(str(name), f"nested deeper than {limit} levels")
             children = item.values() if isinstance(item, Mapping) else item
             for child in children:
                 if isinstance(child, (list, tuple, Mapping)):

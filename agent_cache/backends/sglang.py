@@ -1,15 +1,18 @@
 """HTTP clients for one SGLang worker: :class:`SGLangClient` and :class:`AsyncSGLangClient`.
 
-Each client owns a pooled httpx connection to one worker URL. The two faces
-share every request builder and parser (:mod:`agent_cache.backends.protocol`)
-and differ only in how they do I/O. Errors are typed
-(:mod:`agent_cache.errors`) and carry the worker URL and ``retryable``.
+Each client owns a pooled httpx connection to one worker URL. Every
+operation is written once, as a flow of requests (:class:`_Request`, with
+the parser of its answer), run by the sync or the async face, which differ
+only in how they do I/O (as :func:`~agent_cache.routing.lifecycle.call_flow`).
+Errors are typed (:mod:`agent_cache.errors`) and carry the worker URL and
+``retryable``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, AsyncIterator, Iterator, Mapping, Sequence, cast
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -28,14 +31,8 @@ from agent_cache.backends.protocol import (
     sse_payload,
     stream_error_event,
 )
-from agent_cache.errors import (
-    BackendError,
-    ConfigError,
-    ResponseMismatchError,
-    StreamError,
-    WorkerConnectionError,
-    WorkerTimeoutError,
-)
+from agent_cache.calls.transport import transport_error
+from agent_cache.errors import BackendError, ConfigError, ResponseMismatchError, StreamError
 from agent_cache.telemetry import trace_context
 
 DEFAULT_TIMEOUT = 120.0
@@ -89,17 +86,51 @@ def _generate_body(
     return body
 
 
+@dataclass(frozen=True)
+class _Request:
+    """One request of an operation, and what its answer becomes."""
+
+    method: str
+    path: str
+    read: Callable[[httpx.Response], Any]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+# an operation: the requests it sends (each answered with its response), then its result
+_Flow = Generator[_Request, httpx.Response, Any]
+_DONE = object()  # a stream's [DONE]
+
+
+def _next(flow: _Flow, response: httpx.Response | None) -> tuple[_Request | None, Any]:
+    """The flow's next request, or (None, its result)."""
+    try:
+        return flow.send(response), None  # type: ignore[arg-type]  # None primes the flow
+    except StopIteration as stop:
+        return None, stop.value
+
+
+def _with_timeout(kwargs: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    if timeout is not None:
+        kwargs["timeout"] = _timeout(timeout)
+    return kwargs
+
+
 class _Base:
+    """The operations of a client, as flows of requests; the faces run them."""
+
     def __init__(self, base_url: str, *, timeout: float | None, api_key: str | None) -> None:
         self.base_url = normalize_worker_url(base_url)
         self.timeout = timeout
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._info_paths: dict[str, str] = {}  # the metadata route this worker answered
 
+    def _limits(self, max_connections: int) -> dict[str, Any]:
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        return {"base_url": self.base_url, "timeout": _timeout(self.timeout), "headers": self._headers,
+                "limits": limits}
+
     def _map_transport(self, exc: Exception) -> BackendError:
-        if isinstance(exc, httpx.TimeoutException):
-            return WorkerTimeoutError(f"timed out: {type(exc).__name__}", url=self.base_url)
-        return WorkerConnectionError(f"cannot reach worker: {exc!s}", url=self.base_url)
+        return transport_error(exc, self.base_url)
 
     def _check(self, response: httpx.Response) -> None:
         if response.status_code >= 400:
@@ -109,9 +140,72 @@ class _Base:
         self._check(response)
         return decode_json(response.content, self.base_url, what)
 
-    def _json_object(self, response: httpx.Response, what: str) -> dict[str, Any]:
+    def _object(self, what: str) -> Callable[[httpx.Response], dict[str, Any]]:
         # the info, models and tokenize endpoints answer a JSON object; passed on unchecked, as before
-        return cast(dict[str, Any], self._json(response, what))
+        return lambda response: cast(dict[str, Any], self._json(response, what))
+
+    def _one(self, request: _Request) -> _Flow:
+        return request.read((yield request))
+
+    # --- the operations ------------------------------------------------------------
+
+    def _chat(self, messages: Sequence[Mapping[str, Any]], model: str | None, timeout: float | None,
+              params: dict[str, Any]) -> _Flow:
+        body = build_chat_body(messages, model=model, url=self.base_url, **params)
+        return self._one(_Request("POST", "/v1/chat/completions", lambda r: parse_chat(
+            self._json(r, "chat completion"), self.base_url), _with_timeout({"json": body}, timeout)))
+
+    def _generate(self, text: str | None, input_ids: Sequence[int] | None, sampling_params: Mapping[str, Any] | None,
+                  timeout: float | None, extra: dict[str, Any]) -> _Flow:
+        body = _generate_body(text, input_ids, sampling_params, False, extra, self.base_url)
+        return self._one(_Request("POST", "/generate", lambda r: parse_generate(
+            self._json(r, "/generate response"), self.base_url), _with_timeout({"json": body}, timeout)))
+
+    def _health(self, timeout: float | None) -> _Flow:
+        return self._one(_Request("GET", "/health", self._check, {"timeout": _timeout(timeout)}))
+
+    def _info(self, name: str) -> _Flow:
+        # /server_info and /model_info from SGLang 0.5.6; /get_* before (and as aliases after)
+        path = self._info_paths.get(name, f"/{name}")
+        response = yield _Request("GET", path, self._check)
+        if response.status_code == 404 and path == f"/{name}":
+            path = f"/get_{name}"
+            response = yield _Request("GET", path, self._check)
+            if response.status_code != 404:
+                self._info_paths[name] = path
+        return self._object(path)(response)
+
+    def _metrics(self) -> _Flow:
+        def read(response: httpx.Response) -> dict[str, float]:
+            self._check(response)
+            return parse_metrics(response.text)
+
+        return self._one(_Request("GET", "/metrics", read))
+
+    def _tokenize(self, prompt: str, add_special_tokens: bool) -> _Flow:
+        body = {"prompt": prompt, "add_special_tokens": add_special_tokens}
+        return self._one(_Request("POST", "/tokenize", self._object("/tokenize"), {"json": body}))
+
+    # --- streams: the request, and what each ``data:`` payload becomes -------------------
+
+    def _chat_stream(self, messages: Sequence[Mapping[str, Any]], model: str | None, include_usage: bool,
+                     params: dict[str, Any]) -> tuple[str, dict[str, Any], Callable[[str], Any]]:
+        body = build_chat_body(messages, model=model, stream=True, include_usage=include_usage, url=self.base_url,
+                               **params)
+        return "/v1/chat/completions", body, self._chunk
+
+    def _generate_stream(self, text: str | None, input_ids: Sequence[int] | None,
+                         sampling_params: Mapping[str, Any] | None,
+                         extra: dict[str, Any]) -> tuple[str, dict[str, Any], Callable[[str], Any]]:
+        return "/generate", _generate_body(text, input_ids, sampling_params, True, extra, self.base_url), \
+            self._generate_item
+
+    def _item(self, line: str, parse: Callable[[str], Any]) -> Any:
+        """What one line of a stream is: an item, :data:`_DONE`, or None (nothing)."""
+        payload = sse_payload(line)
+        if not payload:
+            return None
+        return _DONE if payload == "[DONE]" else parse(payload)
 
     def _chunk(self, payload: str) -> ChatChunk:
         return parse_chat_chunk(decode_json(payload, self.base_url, "stream chunk"), self.base_url)
@@ -125,26 +219,25 @@ class _Base:
     def _truncated(self) -> StreamError:
         return StreamError("stream ended without data: [DONE]", url=self.base_url)
 
+    @contextlib.contextmanager
+    def _mapped(self, *, broken: bool) -> Iterator[None]:
+        """httpx's errors as typed ones: once a stream has begun (``broken``), a :class:`StreamError`."""
+        try:
+            yield
+        except httpx.HTTPError as exc:
+            if broken:
+                raise StreamError(f"stream broke: {exc!s}", url=self.base_url) from exc
+            raise self._map_transport(exc) from exc
+
 
 class SGLangClient(_Base):
     """Synchronous client for one SGLang worker."""
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        timeout: float | None = DEFAULT_TIMEOUT,
-        api_key: str | None = None,
-        max_connections: int = 64,
-    ) -> None:
+    def __init__(self, base_url: str, *, timeout: float | None = DEFAULT_TIMEOUT, api_key: str | None = None,
+                 max_connections: int = 64) -> None:
         super().__init__(base_url, timeout=timeout, api_key=api_key)
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            timeout=_timeout(timeout),
-            headers=self._headers,
-            event_hooks={"request": [trace_context.add_headers]},  # a traced call's traceparent
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+        self._http = httpx.Client(**self._limits(max_connections),
+                                  event_hooks={"request": [trace_context.add_headers]})  # a traced call's traceparent
 
     def close(self) -> None:
         self._http.close()
@@ -155,174 +248,93 @@ class SGLangClient(_Base):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            return self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise self._map_transport(exc) from exc
+    def _run(self, flow: _Flow) -> Any:
+        """Send each request of ``flow``; its result."""
+        request, result = _next(flow, None)
+        while request is not None:
+            try:
+                request, result = _next(flow, self._http.request(request.method, request.path, **request.kwargs))
+            except httpx.HTTPError as exc:
+                raise self._map_transport(exc) from exc
+        return result
 
-    @contextlib.contextmanager
-    def _stream(self, path: str, body: dict[str, Any], timeout: float | None) -> Iterator[Iterator[str]]:
-        kwargs: dict[str, Any] = {"json": body}
-        if timeout is not None:
-            kwargs["timeout"] = _timeout(timeout)
-        try:
-            with self._http.stream("POST", path, **kwargs) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    self._check(response)
-                _check_stream(response, self.base_url)
-                yield self._lines(response)
-        except httpx.HTTPError as exc:
-            raise self._map_transport(exc) from exc
-
-    def _lines(self, response: httpx.Response) -> Iterator[str]:
-        try:
-            yield from response.iter_lines()
-        except httpx.HTTPError as exc:
-            raise StreamError(f"stream broke: {exc!s}", url=self.base_url) from exc
+    def _stream(self, spec: tuple[str, dict[str, Any], Callable[[str], Any]], timeout: float | None) -> Iterator[Any]:
+        path, body, parse = spec
+        with self._mapped(broken=False), self._http.stream(
+                "POST", path, **_with_timeout({"json": body}, timeout)) as response:
+            if response.status_code >= 400:
+                response.read()
+                self._check(response)
+            _check_stream(response, self.base_url)
+            with self._mapped(broken=True):
+                for line in response.iter_lines():
+                    if (item := self._item(line, parse)) is _DONE:
+                        return
+                    if item is not None:
+                        yield item
+        raise self._truncated()
 
     # --- OpenAI-compatible chat ------------------------------------------------
 
-    def chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        model: str | None = None,
-        timeout: float | None = None,
-        **params: Any,
-    ) -> ChatResult:
+    def chat(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None, timeout: float | None = None,
+             **params: Any) -> ChatResult:
         """``POST /v1/chat/completions`` (non-streaming)."""
-        body = build_chat_body(messages, model=model, url=self.base_url, **params)
-        kwargs: dict[str, Any] = {"json": body}
-        if timeout is not None:
-            kwargs["timeout"] = _timeout(timeout)
-        response = self._request("POST", "/v1/chat/completions", **kwargs)
-        return parse_chat(self._json(response, "chat completion"), self.base_url)
+        return cast(ChatResult, self._run(self._chat(messages, model, timeout, params)))
 
-    def stream_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        model: str | None = None,
-        include_usage: bool = True,
-        timeout: float | None = None,
-        **params: Any,
-    ) -> Iterator[ChatChunk]:
+    def stream_chat(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
+                    include_usage: bool = True, timeout: float | None = None, **params: Any) -> Iterator[ChatChunk]:
         """Streamed ``/v1/chat/completions``; raises :class:`StreamError` if ``[DONE]`` never comes."""
-        body = build_chat_body(
-            messages, model=model, stream=True, include_usage=include_usage, url=self.base_url, **params
-        )
-        with self._stream("/v1/chat/completions", body, timeout) as lines:
-            for line in lines:
-                payload = sse_payload(line)
-                if payload is None or payload == "":
-                    continue
-                if payload == "[DONE]":
-                    return
-                yield self._chunk(payload)
-        raise self._truncated()
+        return self._stream(self._chat_stream(messages, model, include_usage, params), timeout)
 
     # --- native API ------------------------------------------------------------
 
-    def generate(
-        self,
-        text: str | None = None,
-        *,
-        input_ids: Sequence[int] | None = None,
-        sampling_params: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-        **extra: Any,
-    ) -> GenerateResult:
+    def generate(self, text: str | None = None, *, input_ids: Sequence[int] | None = None,
+                 sampling_params: Mapping[str, Any] | None = None, timeout: float | None = None,
+                 **extra: Any) -> GenerateResult:
         """``POST /generate``; ``extra`` carries ``rid``, ``extra_key``, ``priority``..."""
-        body = _generate_body(text, input_ids, sampling_params, False, extra, self.base_url)
-        kwargs: dict[str, Any] = {"json": body}
-        if timeout is not None:
-            kwargs["timeout"] = _timeout(timeout)
-        data = self._json(self._request("POST", "/generate", **kwargs), "/generate response")
-        return parse_generate(data, self.base_url)
+        return cast(GenerateResult, self._run(self._generate(text, input_ids, sampling_params, timeout, extra)))
 
-    def stream_generate(
-        self,
-        text: str | None = None,
-        *,
-        input_ids: Sequence[int] | None = None,
-        sampling_params: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-        **extra: Any,
-    ) -> Iterator[GenerateResult]:
+    def stream_generate(self, text: str | None = None, *, input_ids: Sequence[int] | None = None,
+                        sampling_params: Mapping[str, Any] | None = None, timeout: float | None = None,
+                        **extra: Any) -> Iterator[GenerateResult]:
         """Streamed ``/generate``: each item carries the cumulative text so far."""
-        body = _generate_body(text, input_ids, sampling_params, True, extra, self.base_url)
-        with self._stream("/generate", body, timeout) as lines:
-            for line in lines:
-                payload = sse_payload(line)
-                if not payload:
-                    continue
-                if payload == "[DONE]":
-                    return
-                yield self._generate_item(payload)
-        raise self._truncated()
+        return self._stream(self._generate_stream(text, input_ids, sampling_params, extra), timeout)
 
     # --- server state ------------------------------------------------------------
 
     def health(self, *, timeout: float | None = 10.0) -> None:
         """``GET /health``; returns when healthy, raises a BackendError otherwise."""
-        self._check(self._request("GET", "/health", timeout=_timeout(timeout)))
-
-    def _info(self, name: str) -> dict[str, Any]:
-        # /server_info and /model_info from SGLang 0.5.6; /get_* before (and as aliases after)
-        path = self._info_paths.get(name, f"/{name}")
-        response = self._request("GET", path)
-        if response.status_code == 404 and path == f"/{name}":
-            path = f"/get_{name}"
-            response = self._request("GET", path)
-            if response.status_code != 404:
-                self._info_paths[name] = path
-        return self._json_object(response, path)
+        self._run(self._health(timeout))
 
     def server_info(self) -> dict[str, Any]:
         """``/server_info`` (``/get_server_info`` on SGLang before 0.5.6)."""
-        return self._info("server_info")
+        return cast(dict[str, Any], self._run(self._info("server_info")))
 
     def model_info(self) -> dict[str, Any]:
         """``/model_info`` (``/get_model_info`` on SGLang before 0.5.6)."""
-        return self._info("model_info")
+        return cast(dict[str, Any], self._run(self._info("model_info")))
 
     def models(self) -> dict[str, Any]:
-        return self._json_object(self._request("GET", "/v1/models"), "/v1/models")
+        return cast(dict[str, Any], self._run(self._one(_Request("GET", "/v1/models", self._object("/v1/models")))))
 
     def metrics(self) -> dict[str, float]:
-        response = self._request("GET", "/metrics")
-        self._check(response)
-        return parse_metrics(response.text)
+        return cast(dict[str, float], self._run(self._metrics()))
 
     def flush_cache(self) -> None:
-        self._check(self._request("POST", "/flush_cache"))
+        self._run(self._one(_Request("POST", "/flush_cache", self._check)))
 
     def tokenize(self, prompt: str, *, add_special_tokens: bool = True) -> dict[str, Any]:
-        body = {"prompt": prompt, "add_special_tokens": add_special_tokens}
-        return self._json_object(self._request("POST", "/tokenize", json=body), "/tokenize")
+        return cast(dict[str, Any], self._run(self._tokenize(prompt, add_special_tokens)))
 
 
 class AsyncSGLangClient(_Base):
     """Asynchronous client for one SGLang worker (same methods, awaitable)."""
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        timeout: float | None = DEFAULT_TIMEOUT,
-        api_key: str | None = None,
-        max_connections: int = 64,
-    ) -> None:
+    def __init__(self, base_url: str, *, timeout: float | None = DEFAULT_TIMEOUT, api_key: str | None = None,
+                 max_connections: int = 64) -> None:
         super().__init__(base_url, timeout=timeout, api_key=api_key)
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=_timeout(timeout),
-            headers=self._headers,
-            event_hooks={"request": [trace_context.aadd_headers]},
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+        self._http = httpx.AsyncClient(**self._limits(max_connections),
+                                       event_hooks={"request": [trace_context.aadd_headers]})
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -333,138 +345,76 @@ class AsyncSGLangClient(_Base):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            return await self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise self._map_transport(exc) from exc
+    async def _run(self, flow: _Flow) -> Any:
+        """Async :meth:`SGLangClient._run`."""
+        request, result = _next(flow, None)
+        while request is not None:
+            try:
+                response = await self._http.request(request.method, request.path, **request.kwargs)
+            except httpx.HTTPError as exc:
+                raise self._map_transport(exc) from exc
+            request, result = _next(flow, response)
+        return result
 
-    async def _stream_lines(self, path: str, body: dict[str, Any], timeout: float | None) -> AsyncIterator[str]:
-        kwargs: dict[str, Any] = {"json": body}
-        if timeout is not None:
-            kwargs["timeout"] = _timeout(timeout)
-        try:
-            async with self._http.stream("POST", path, **kwargs) as response:
+    async def _stream(self, spec: tuple[str, dict[str, Any], Callable[[str], Any]],
+                      timeout: float | None) -> AsyncIterator[Any]:
+        path, body, parse = spec
+        with self._mapped(broken=False):
+            async with self._http.stream("POST", path, **_with_timeout({"json": body}, timeout)) as response:
                 if response.status_code >= 400:
                     await response.aread()
                     self._check(response)
                 _check_stream(response, self.base_url)
-                try:
+                with self._mapped(broken=True):
                     async for line in response.aiter_lines():
-                        yield line
-                except httpx.HTTPError as exc:
-                    raise StreamError(f"stream broke: {exc!s}", url=self.base_url) from exc
-        except StreamError:
-            raise
-        except httpx.HTTPError as exc:
-            raise self._map_transport(exc) from exc
-
-    async def chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        model: str | None = None,
-        timeout: float | None = None,
-        **params: Any,
-    ) -> ChatResult:
-        body = build_chat_body(messages, model=model, url=self.base_url, **params)
-        kwargs: dict[str, Any] = {"json": body}
-        if timeout is not None:
-            kwargs["timeout"] = _timeout(timeout)
-        response = await self._request("POST", "/v1/chat/completions", **kwargs)
-        return parse_chat(self._json(response, "chat completion"), self.base_url)
-
-    async def stream_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        model: str | None = None,
-        include_usage: bool = True,
-        timeout: float | None = None,
-        **params: Any,
-    ) -> AsyncIterator[ChatChunk]:
-        body = build_chat_body(
-            messages, model=model, stream=True, include_usage=include_usage, url=self.base_url, **params
-        )
-        async for line in self._stream_lines("/v1/chat/completions", body, timeout):
-            payload = sse_payload(line)
-            if not payload:
-                continue
-            if payload == "[DONE]":
-                return
-            yield self._chunk(payload)
+                        if (item := self._item(line, parse)) is _DONE:
+                            return
+                        if item is not None:
+                            yield item
         raise self._truncated()
 
-    async def generate(
-        self,
-        text: str | None = None,
-        *,
-        input_ids: Sequence[int] | None = None,
-        sampling_params: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-        **extra: Any,
-    ) -> GenerateResult:
-        body = _generate_body(text, input_ids, sampling_params, False, extra, self.base_url)
-        kwargs: dict[str, Any] = {"json": body}
-        if timeout is not None:
-            kwargs["timeout"] = _timeout(timeout)
-        data = self._json(await self._request("POST", "/generate", **kwargs), "/generate response")
-        return parse_generate(data, self.base_url)
+    async def chat(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
+                   timeout: float | None = None, **params: Any) -> ChatResult:
+        return cast(ChatResult, await self._run(self._chat(messages, model, timeout, params)))
 
-    async def stream_generate(
-        self,
-        text: str | None = None,
-        *,
-        input_ids: Sequence[int] | None = None,
-        sampling_params: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-        **extra: Any,
-    ) -> AsyncIterator[GenerateResult]:
-        body = _generate_body(text, input_ids, sampling_params, True, extra, self.base_url)
-        async for line in self._stream_lines("/generate", body, timeout):
-            payload = sse_payload(line)
-            if not payload:
-                continue
-            if payload == "[DONE]":
-                return
-            yield self._generate_item(payload)
-        raise self._truncated()
+    def stream_chat(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
+                    include_usage: bool = True, timeout: float | None = None,
+                    **params: Any) -> AsyncIterator[ChatChunk]:
+        return self._stream(self._chat_stream(messages, model, include_usage, params), timeout)
+
+    async def generate(self, text: str | None = None, *, input_ids: Sequence[int] | None = None,
+                       sampling_params: Mapping[str, Any] | None = None, timeout: float | None = None,
+                       **extra: Any) -> GenerateResult:
+        return cast(GenerateResult, await self._run(self._generate(text, input_ids, sampling_params, timeout, extra)))
+
+    def stream_generate(self, text: str | None = None, *, input_ids: Sequence[int] | None = None,
+                        sampling_params: Mapping[str, Any] | None = None, timeout: float | None = None,
+                        **extra: Any) -> AsyncIterator[GenerateResult]:
+        return self._stream(self._generate_stream(text, input_ids, sampling_params, extra), timeout)
 
     async def health(self, *, timeout: float | None = 10.0) -> None:
-        self._check(await self._request("GET", "/health", timeout=_timeout(timeout)))
-
-    async def _info(self, name: str) -> dict[str, Any]:
-        path = self._info_paths.get(name, f"/{name}")
-        response = await self._request("GET", path)
-        if response.status_code == 404 and path == f"/{name}":
-            path = f"/get_{name}"
-            response = await self._request("GET", path)
-            if response.status_code != 404:
-                self._info_paths[name] = path
-        return self._json_object(response, path)
+        await self._run(self._health(timeout))
 
     async def server_info(self) -> dict[str, Any]:
         """``/server_info`` (``/get_server_info`` on SGLang before 0.5.6)."""
-        return await self._info("server_info")
+        return cast(dict[str, Any], await self._run(self._info("server_info")))
 
     async def model_info(self) -> dict[str, Any]:
         """``/model_info`` (``/get_model_info`` on SGLang before 0.5.6)."""
-        return await self._info("model_info")
+        return cast(dict[str, Any], await self._run(self._info("model_info")))
 
     async def models(self) -> dict[str, Any]:
-        return self._json_object(await self._request("GET", "/v1/models"), "/v1/models")
+        request = _Request("GET", "/v1/models", self._object("/v1/models"))
+        return cast(dict[str, Any], await self._run(self._one(request)))
 
     async def metrics(self) -> dict[str, float]:
-        response = await self._request("GET", "/metrics")
-        self._check(response)
-        return parse_metrics(response.text)
+        return cast(dict[str, float], await self._run(self._metrics()))
 
     async def flush_cache(self) -> None:
-        self._check(await self._request("POST", "/flush_cache"))
+        await self._run(self._one(_Request("POST", "/flush_cache", self._check)))
 
     async def tokenize(self, prompt: str, *, add_special_tokens: bool = True) -> dict[str, Any]:
-        body = {"prompt": prompt, "add_special_tokens": add_special_tokens}
-        return self._json_object(await self._request("POST", "/tokenize", json=body), "/tokenize")
+        return cast(dict[str, Any], await self._run(self._tokenize(prompt, add_special_tokens)))
 
 
 __all__ = ["SGLangClient", "AsyncSGLangClient", "normalize_worker_url", "DEFAULT_TIMEOUT"]

@@ -10,7 +10,8 @@ from typing import Callable, Sequence
 
 from agent_cache.bench.fleetsim import FleetConfig, RunResult, simulate, stderr_progress
 from agent_cache.bench.policies import POLICIES, make_policies
-from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate, load_trace
+from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate
+from agent_cache.bench.trace_replay import load_trace
 from agent_cache.placement.rule import Policy
 
 ALL_POLICIES = tuple(POLICIES)

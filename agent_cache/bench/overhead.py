@@ -11,6 +11,8 @@ path in front of it. The same ReAct calls go, one at a time, through:
   round trip per decision plus the usage report);
 * ``agent-cache-gateway``: ``agent-cache serve`` (the same routing over the
   same Redis, as its own process), an HTTP hop in front of the same worker;
+  with ``--transports httpx,fast``, one gateway per transport to the worker
+  (``agent-cache-gateway (httpx)``, ``agent-cache-gateway (fast)``);
 * ``smg-cache_aware``, ``smg-consistent_hashing``: the real smg gateway, an
   HTTP hop in front of the same worker.
 
@@ -22,7 +24,7 @@ With ``--concurrency N`` the run then measures throughput: each path in turn
 serves ``--calls`` calls from N sessions in flight at once, closed-loop;
 calls per second and the ratio to the direct path are reported.
 
-    python -m agent_cache.bench.overhead --calls 400 [--no-stream] [--concurrency 32]
+    python -m agent_cache.bench.overhead --calls 400 [--no-stream] [--concurrency 32] [--transports httpx,fast]
 """
 
 from __future__ import annotations
@@ -180,7 +182,8 @@ async def _run(worker: str, redis_url: str, gateways: dict[str, str], sessions: 
     paths["agent-cache (Redis)"] = call_path(Job("agent-cache", (), [worker], 0.0, seed=seed, redis_url=redis_url,
                                                  redis_prefix=prefix), client)
     for name, url in gateways.items():
-        paths[name] = call_path(Job(name, (), [worker], 0.0, seed=seed, gateways=(url,)), client)
+        policy = GATEWAY_PATH if name.startswith(GATEWAY_PATH) else name
+        paths[name] = call_path(Job(policy, (), [worker], 0.0, seed=seed, gateways=(url,)), client)
     try:
         latency = await measure(paths, sessions, calls, log)
         rates = await throughput(paths, sessions, calls, concurrency, log) if concurrency > 0 else {}
@@ -213,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "(default 0: Redis on this host)")
     p.add_argument("--gateway-args", default="", metavar="ARGS",
                    help="extra flags for agent-cache serve, e.g. '--http h11 --loop asyncio'")
+    p.add_argument("--transports", default="", metavar="NAMES",
+                   help="one gateway per transport to the worker, e.g. 'httpx,fast' (default: one gateway, "
+                        "its default transport)")
     p.add_argument("--out", metavar="FILE", help="also write the results as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     args = p.parse_args(argv)
@@ -248,11 +254,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             keys = write_gateway_keys(procs.dir + "/gateway-keys", (s.tenant for s in sessions))
             gw_prefix = f"agent-cache-overhead-gw-{uuid.uuid4().hex[:8]}"
             stack.callback(_delete_deployment, redis_url, gw_prefix)  # runs after the gateway stopped
-            ours = AgentCacheGateways(procs, workers.urls, redis_url=routed_url, args=[
-                "--prefix", gw_prefix, "--templates", "templatize",
-                "--api-keys", keys, "--extra-fields", "sim_output", *args.gateway_args.split()])
-            stack.callback(ours.stop)
-            gateways[GATEWAY_PATH] = ours.urls[0]
+            transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+            for transport in transports or [None]:
+                extra = ["--transport", transport] if transport else []
+                ours = AgentCacheGateways(procs, workers.urls, redis_url=routed_url, args=[
+                    "--prefix", gw_prefix, "--templates", "templatize", "--api-keys", keys,
+                    "--extra-fields", "sim_output", *extra, *args.gateway_args.split()])
+                stack.callback(ours.stop)
+                gateways[f"{GATEWAY_PATH} ({transport})" if transport else GATEWAY_PATH] = ours.urls[0]
             if smg:
                 for name in SMG_PATHS:
                     group = SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls)

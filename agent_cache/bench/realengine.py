@@ -49,7 +49,8 @@ from agent_cache.bench.realfleet import (
     write_gateway_keys,
 )
 from agent_cache.bench.realload import REAL_POLICIES, CallRecord, Job, ReplicaResult, Replicas
-from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate, load_trace
+from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate
+from agent_cache.bench.trace_replay import load_trace
 from agent_cache.errors import ConfigError
 from agent_cache.sim.engine import WorkerOptions
 from agent_cache.sim.latency import DEFAULT_LATENCY

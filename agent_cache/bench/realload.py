@@ -60,14 +60,8 @@ from agent_cache.bench.realfleet import (
     gateway_key,
 )
 from agent_cache.bench.workloads import CallSpec, ChatCall, SessionSpec
-from agent_cache.errors import (
-    AgentCacheError,
-    BenchProcessError,
-    MalformedResponseError,
-    StreamError,
-    WorkerConnectionError,
-    WorkerTimeoutError,
-)
+from agent_cache.calls.transport import transport_error
+from agent_cache.errors import AgentCacheError, BenchProcessError, MalformedResponseError, StreamError
 
 CLIENT_POLICIES = ("round-robin", "random", "least-load", "consistent-hash")
 AGENT_CACHE_POLICIES = {"agent-cache": "templatize", "agent-cache-no-templates": "off"}
@@ -117,12 +111,6 @@ def _served_by(resp: httpx.Response, base: str) -> str:
     return (resp.headers.get(ROUTED_WORKER_HEADER) or resp.headers.get(GATEWAY_WORKER_HEADER) or base).rstrip("/")
 
 
-def _transport_error(exc: httpx.HTTPError, base: str) -> AgentCacheError:
-    if isinstance(exc, httpx.TimeoutException):
-        return WorkerTimeoutError(f"timed out: {type(exc).__name__}", url=base)
-    return WorkerConnectionError(f"cannot reach {base}: {exc!s}", url=base)
-
-
 class ChatClient:
     """Sends one chat completion (streamed unless ``stream=False``) and measures it."""
 
@@ -167,7 +155,7 @@ class ChatClient:
                 if not done:
                     raise StreamError("stream ended without data: [DONE]", url=base)
         except httpx.HTTPError as exc:
-            raise _transport_error(exc, base) from exc
+            raise transport_error(exc, base) from exc
         if usage is None:
             raise MalformedResponseError("no usage chunk in the stream", url=base)
         return _Reply(worker, t_first or time.monotonic(), usage.prompt_tokens, usage.cached_tokens or 0,
@@ -178,7 +166,7 @@ class ChatClient:
         try:
             resp = await self.http.post(base + "/v1/chat/completions", json=body, headers=headers)
         except httpx.HTTPError as exc:
-            raise _transport_error(exc, base) from exc
+            raise transport_error(exc, base) from exc
         if resp.status_code >= 400:
             raise http_error(resp.status_code, resp.content, base)
         result = parse_chat(decode_json(resp.content, base, "chat completion"), base)

@@ -28,20 +28,10 @@ SIM_COLUMNS = (
 )
 
 # Columns of the real-process engine's results.md (no oracle there; KV is what the caches hold at the end)
-REAL_COLUMNS = (
-    ("token_hit_rate", "hit rate", "{:.1%}"),
-    ("ttft_p50_s", "TTFT p50 (ms)", "ms"),
-    ("ttft_p95_s", "p95 (ms)", "ms"),
-    ("ttft_p99_s", "p99 (ms)", "ms"),
-    ("mean_session_latency_s", "session (s)", "{:.2f}"),
-    ("throughput_sessions_per_s", "sessions/s", "{:.2f}"),
-    ("prompt_tokens_per_s", "prompt tok/s", "{:,.0f}"),
-    ("kv_gb", "KV held (GB)", "{:.1f}"),
-    ("load_imbalance", "imbalance", "{:.2f}"),
-    ("moves", "moves", "{:d}"),
-    ("sessions_on_one_worker", "one-worker sessions", "{:.0%}"),
-    ("errors", "errors", "{:d}"),
-)
+REAL_COLUMNS = tuple(
+    ("kv_gb", "KV held (GB)", "{:.1f}") if key == "kv_gb" else (key, name, fmt)
+    for key, name, fmt in SIM_COLUMNS if key != "oracle_fraction"
+) + (("sessions_on_one_worker", "one-worker sessions", "{:.0%}"), ("errors", "errors", "{:d}"))
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:

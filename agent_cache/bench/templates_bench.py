@@ -64,10 +64,15 @@ def _session(i: int, body: str, tools: list[dict[str, Any]],
     return msgs, tools_copy, name
 
 
+def _sessions(n: int, seed: int, body_tokens: int, tool_count: int) -> list[Any]:
+    """``n`` sessions of one agent: a system prompt of about ``body_tokens`` tokens and ``tool_count`` tools."""
+    rng = random.Random(seed)
+    body, tools = _body(body_tokens, rng), _tools(tool_count, rng)
+    return [_session(i, body, tools, rng) for i in range(n)]
+
+
 def latency(n: int = 300) -> None:
-    rng = random.Random(0)
-    body, tools = _body(4000, rng), _tools(10, rng)
-    sessions = [_session(i, body, tools, rng) for i in range(n)]
+    sessions = _sessions(n, 0, 4000, 10)
     print(f"part 1: normalise a ~4k-token system prompt + 10 tools, {n} distinct prompts")
     print(f"{'mode':<12} {'median ms':>10} {'p99 ms':>8}")
     for mode in TemplateMode:
@@ -138,9 +143,7 @@ def _common(a: list[int], b: list[int]) -> int:
 
 
 def sharing(n: int = 200) -> None:
-    rng = random.Random(1)
-    body, tools = _body(1500, rng), _tools(8, rng)
-    sessions = [_session(i, body, tools, rng) for i in range(n)]
+    sessions = _sessions(n, 1, 1500, 8)
     print(f"\npart 2: {n} sessions of one agent (timestamp, user name, request id at the top; 8 tools, shuffled)")
     print(f"{'mode':<32} {'mean shared prefix tokens':>26} {'prompt tokens':>14} {'template ids':>13}")
     rows = [("off", TemplateMode.OFF, False), ("canonical", TemplateMode.CANONICAL, False),

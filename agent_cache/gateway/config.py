@@ -22,6 +22,9 @@ NOT_PASSED_THROUGH = frozenset(TENANT_FIELDS) | {"messages", "prompt", "text", "
 DEFAULT_TIMEOUT = 600.0  # seconds a worker may take to answer (non-streaming) or to send its next bytes
 
 
+TRANSPORTS = ("httpx", "fast")
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     """Options of one gateway process (``agent-cache serve --help`` documents each)."""
@@ -40,8 +43,9 @@ class GatewayConfig:
     probe_interval: float | None = 5.0
     extra_fields: frozenset[str] = field(default_factory=frozenset)  # request fields passed through unchecked
     worker_api_key: str | None = field(default=None, repr=False)  # the workers' --api-key, sent to them
-    first_byte_floor: float = DEFAULT_FLOOR  # the shortest adaptive first-byte deadline of a streamed call
+    first_byte_floor: float = DEFAULT_FLOOR  # the shortest adaptive first-byte deadline of a call
     fleet: FleetConfig = field(default_factory=FleetConfig)  # workers added, drained, discovered at run time
+    transport: str = "httpx"  # to the workers: httpx (the reference) or fast (asyncio + httptools)
 
     def __post_init__(self) -> None:
         if not self.workers and not self.fleet.dns:
@@ -59,6 +63,8 @@ class GatewayConfig:
                 raise ConfigError(name, f"expected an integer >= 1, got {value!r}")
         if not isinstance(self.timeout, (int, float)) or self.timeout <= 0:
             raise ConfigError("timeout", f"expected seconds > 0, got {self.timeout!r}")
+        if self.transport not in TRANSPORTS:
+            raise ConfigError("transport", f"expected one of {list(TRANSPORTS)}, got {self.transport!r}")
         owned = sorted(self.extra_fields & NOT_PASSED_THROUGH)
         if owned:
             raise ConfigError("extra_fields", f"{owned} are set or checked by the gateway and cannot pass through")

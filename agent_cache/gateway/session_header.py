@@ -14,7 +14,7 @@ import unicodedata
 from urllib.parse import quote
 
 from agent_cache.backends.request_check import check_text
-from agent_cache.errors import ConfigError
+from agent_cache.errors import InvalidRequestError
 from agent_cache.routing.config import session_key
 
 # printable ASCII but "%" is echoed as it is; the rest percent-encoded (a header carries Latin-1 only)
@@ -32,7 +32,7 @@ def session_value(value: object, field: str, *, header: bool) -> str:
 def from_header(value: str, field: str) -> str:
     """A header value as the server passed it (Latin-1 code points, one per byte) decoded as UTF-8.
 
-    Bytes that are not UTF-8 are refused (:class:`ConfigError` naming ``field``) rather than guessed.
+    Bytes that are not UTF-8 are refused (:class:`InvalidRequestError` naming ``field``) rather than guessed.
     """
     try:
         raw = value.encode("latin-1")
@@ -41,22 +41,22 @@ def from_header(value: str, field: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(field, f"a session id must be UTF-8 ({exc.reason} at byte {exc.start})") from None
+        raise InvalidRequestError(field, f"a session id must be UTF-8 ({exc.reason} at byte {exc.start})") from None
 
 
 def check_session_id(value: object, field: str) -> str:
-    """``value`` if it is a usable session id; else :class:`ConfigError` naming ``field``.
+    """``value`` if it is a usable session id; else :class:`InvalidRequestError` naming ``field``.
 
     Any Unicode text is allowed but control characters and line separators (the id reaches logs
     and, encoded, a response header).
     """
     if not isinstance(value, str) or not value:
-        raise ConfigError(field, f"a session id must be a non-empty string, got {_short(value)}")
+        raise InvalidRequestError(field, f"a session id must be a non-empty string, got {_short(value)}")
     check_text(value, field)
     if not value.isascii() or not value.isprintable():
         for i, ch in enumerate(value):
             if unicodedata.category(ch) in _REFUSED_CATEGORIES:
-                raise ConfigError(field, f"a session id must not contain control characters "
+                raise InvalidRequestError(field, f"a session id must not contain control characters "
                                          f"(U+{ord(ch):04X} at character {i})")
     return value
 

@@ -1,12 +1,14 @@
-"""The gateway's HTTP/1.1 client to the workers: keep-alive connections, bodies passed as bytes.
+"""The gateway's optional fast transport (``agent-cache serve --transport fast``): an HTTP/1.1
+client on asyncio and httptools (the parser uvicorn runs on).
 
-A small client on asyncio and httptools (the parser uvicorn runs on) instead
-of a general one: per call aiohttp cost about 350 us of CPU and this about
-120 us, against the same simulated worker (docs/benchmarks.md), and the
-gateway's CPU per call is its added latency. It speaks what the gateway
-needs from SGLang: a request with a body of known length; an answer with a
-``Content-Length`` or chunked; a stream's lines as they arrive. Errors map
-to the same typed errors as :mod:`agent_cache.backends.sglang`.
+The reference transport is httpx (:mod:`agent_cache.calls.httpx_transport`);
+this one implements the same :class:`~agent_cache.calls.transport.WorkerTransport`
+for less CPU per call (docs/benchmarks.md), and the same tests run against
+both (tests/calls/test_transports.py). It speaks what the gateway needs from
+SGLang: a request with a body of known length; an answer with a
+``Content-Length`` or chunked; a stream's lines as they arrive; a request
+written early on an idle keep-alive connection. Errors are the transports'
+typed errors (:func:`~agent_cache.calls.transport.transport_error`).
 """
 
 from __future__ import annotations
@@ -21,20 +23,15 @@ from urllib.parse import urlsplit
 import httptools
 
 from agent_cache.backends.protocol import decode_json, http_error
-from agent_cache.errors import (
-    BackendError,
-    MalformedResponseError,
-    StreamError,
-    WorkerConnectionError,
-    WorkerTimeoutError,
-)
+from agent_cache.calls.transport import CONNECT_TIMEOUT as _CONNECT_TIMEOUT
+from agent_cache.calls.transport import transport_error as _error
+from agent_cache.errors import StreamError
 from agent_cache.telemetry import trace_context
 
 # SGLang's HTTP server (uvicorn) closes a connection idle for 5 s; closing ours first means a
 # pooled connection is rarely reused just as the worker drops it (and one that was is retried)
 _IDLE_CLOSE = 4.0
 _PAUSE_AT = 1 << 20  # stream bytes held for a slow client before the worker's socket is paused
-_CONNECT_TIMEOUT = 10.0
 # a reused connection that fails this soon after the request, before any answer, was closed by the
 # worker while idle (it never ran the request): sent again on a new one; later failures are errors
 _STALE_WITHIN = 0.1
@@ -196,7 +193,7 @@ def _expire(waiter: "asyncio.Future[None]") -> None:
 
 @dataclass(frozen=True)
 class SentEarly:
-    """A request written on a pooled connection, its answer not read yet (:meth:`Upstream.send_now`)."""
+    """A request written on a pooled connection, its answer not read yet (:meth:`Upstream.send_early`)."""
 
     worker: str
     origin: _Origin
@@ -329,15 +326,16 @@ class Upstream:
         origin, conn = await self._open(b"POST", worker, path, body, streaming=False, deadline=None)
         return await self._answer(origin, conn, worker)
 
-    async def stream(self, worker: str, path: str, body: bytes, first_byte_timeout: float | None = None,
-                     sent: "SentEarly | None" = None) -> AsyncGenerator[bytes, None]:
+    async def stream(self, worker: str, path: str, body: bytes, *, first_byte_timeout: float | None = None,
+                     early: Any = None) -> AsyncGenerator[bytes, None]:
         """Streamed :meth:`post`: the response's lines as they arrive, each with its line ending.
 
         ``first_byte_timeout``: seconds for the worker to be reached, answer and send its first line
         (a hung worker accepts the connection and sends nothing); later lines wait the ``timeout``.
-        ``sent``: the same request, already written by :meth:`send_now` with ``streaming``.
+        ``early``: the same request, already written by :meth:`send_early`.
         """
         deadline = None if first_byte_timeout is None else time.monotonic() + first_byte_timeout
+        sent: SentEarly | None = early
         if sent is not None:
             origin = sent.origin
             conn = await self._headers(worker, origin, sent.conn, sent.request, True, deadline)
@@ -375,21 +373,17 @@ class Upstream:
             raise
         self._release(origin, conn)
 
-    def send_now(self, worker: str, path: str, body: bytes, *, streaming: bool = False) -> "SentEarly | None":
-        """Write a :meth:`post` on an idle keep-alive connection to ``worker`` at once, without waiting
-        for anything; None when no connection is idle. Read the answer with :meth:`answer` (or, with
-        ``streaming``, :meth:`stream` given ``sent``), or :meth:`drop` it."""
-        origin, request, conn = self._write_pooled(b"POST", worker, path, body, streaming)
+    def send_early(self, worker: str, path: str, body: bytes) -> "SentEarly | None":
+        """Write a streamed :meth:`post` on an idle keep-alive connection to ``worker`` at once, without
+        waiting for anything; None when no connection is idle. Read the answer with :meth:`stream`
+        given ``early``, or :meth:`drop` it."""
+        origin, request, conn = self._write_pooled(b"POST", worker, path, body, True)
         return SentEarly(worker, origin, conn, request) if conn is not None else None
 
-    async def answer(self, sent: "SentEarly") -> bytes:
-        """The answer to a :meth:`send_now`, as :meth:`post` returns it."""
-        conn = await self._headers(sent.worker, sent.origin, sent.conn, sent.request, False, None)
-        return await self._answer(sent.origin, conn, sent.worker)
-
     @staticmethod
-    def drop(sent: "SentEarly") -> None:
-        """Abandon a :meth:`send_now`: its connection is closed (SGLang aborts a request whose client left)."""
+    def drop(sent: Any) -> None:
+        """Abandon a :meth:`send_early`: its connection is closed (SGLang aborts a request whose client left)."""
+        assert isinstance(sent, SentEarly)
         sent.conn.close()
 
     async def get_json(self, worker: str, path: str) -> Any:
@@ -406,11 +400,3 @@ class Upstream:
 def _left(deadline: float | None, otherwise: float) -> float:
     """Seconds to ``deadline`` (a ``time.monotonic()``), or ``otherwise`` without one."""
     return otherwise if deadline is None else max(0.0, deadline - time.monotonic())
-
-
-def _error(exc: BaseException, worker: str) -> BackendError:
-    if isinstance(exc, httptools.HttpParserError):
-        return MalformedResponseError(f"not an HTTP answer: {exc}", url=worker)
-    if isinstance(exc, asyncio.TimeoutError):
-        return WorkerTimeoutError("timed out: no answer in time", url=worker)
-    return WorkerConnectionError(f"cannot reach worker: {type(exc).__name__}: {exc!s}", url=worker)

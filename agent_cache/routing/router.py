@@ -22,14 +22,8 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from agent_cache import exit_flush
 from agent_cache.backends.protocol import Usage
-from agent_cache.errors import (
-    BackendError,
-    ConfigError,
-    NoHealthyWorkerError,
-    RoutingError,
-    StoreError,
-    StoreUnavailableError,
-)
+from agent_cache.errors import (BackendError, ConfigError, NoHealthyWorkerError, RoutingError, StoreError,
+                                StoreUnavailableError)
 from agent_cache.routing.async_face import AsyncFace
 from agent_cache.routing.config import (
     DEFAULT_POOL,

@@ -14,7 +14,8 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _non_negative(text: str) -> float:
+def non_negative(text: str) -> float:
+    """An argparse type: a number >= 0."""
     value = float(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
@@ -29,7 +30,7 @@ def add_latency_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mfu", type=_fraction, help="prefill: fraction of the GPU's BF16 peak reached (overrides the profile)")
     p.add_argument("--bandwidth-efficiency", type=_fraction,
                    help="decode: fraction of HBM bandwidth reached (overrides the profile)")
-    p.add_argument("--per-pass-overhead-ms", type=_non_negative,
+    p.add_argument("--per-pass-overhead-ms", type=non_negative,
                    help="fixed cost of every forward pass in ms (overrides the profile)")
 
 

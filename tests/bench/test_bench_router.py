@@ -10,7 +10,8 @@ import pytest
 from agent_cache.bench.fleetsim import FleetConfig, common_prefix, simulate
 from agent_cache.bench.policies import AgentCache, Dispatch, make_policies
 from agent_cache.bench.runner import capacity_arg, resolve_capacity
-from agent_cache.bench.workloads import WorkloadParams, generate, load_trace
+from agent_cache.bench.workloads import WorkloadParams, generate
+from agent_cache.bench.trace_replay import load_trace
 from agent_cache.routing.router import RouteRequest, Router
 from agent_cache.store.memory import MemoryStore
 

@@ -109,9 +109,9 @@ async def test_close_releases_clients(lc_fleet):
     model = ChatSGLang(model="sim", workers=lc_fleet.urls)
     await model.ainvoke("hello", session_id="closing")
     model.invoke("hello", session_id="closing")
-    assert model._clients and model._aclients
+    assert model._transport is not None and model._atransports
     await model.aclose()
-    assert not model._clients and not model._aclients
+    assert model._transport is None and not model._atransports
 
 
 def test_per_call_template_variables_reach_the_templater(lc_fleet):

@@ -1,15 +1,17 @@
-"""The gateway's HTTP/1.1 client against scripted servers on loopback sockets: answers with a length,
-chunked streams cut at any byte, keep-alive reuse, a connection the worker closed while idle, answers
-that end with their connection, garbage and silence."""
+"""Both worker transports (httpx, the reference, and the gateway's fast path) against the same
+scripted servers on loopback sockets: answers with a length, chunked streams cut at any byte,
+keep-alive reuse, a connection the worker closed while idle, answers that end with their
+connection, garbage, silence, a broken stream, a slow first byte, early sends."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import pytest
 
+from agent_cache.calls.httpx_transport import HttpxTransport, SyncHttpxTransport
 from agent_cache.errors import (
     MalformedResponseError,
     StreamError,
@@ -20,6 +22,13 @@ from agent_cache.errors import (
 from agent_cache.gateway.upstream import Upstream
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+KINDS = ["httpx", "fast"]
+
+
+def _transport(kind: str, timeout: float, api_key: str | None = None) -> Any:
+    if kind == "httpx":
+        return HttpxTransport(timeout=timeout, max_connections=4, api_key=api_key)
+    return Upstream(timeout=timeout, max_connections=4, api_key=api_key)
 
 
 async def _read_request(reader: asyncio.StreamReader) -> bytes:
@@ -60,7 +69,12 @@ def _answer(body: bytes, status: bytes = b"200 OK") -> bytes:
     return b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (status, len(body), body)
 
 
-def test_answers_with_a_length_reuse_one_kept_alive_connection() -> None:
+async def _lines(transport: Any, url: str, **kwargs: Any) -> list[bytes]:
+    return [line async for line in transport.stream(url, "/v1/chat/completions", b"{}", **kwargs)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_answers_with_a_length_reuse_one_kept_alive_connection(kind: str) -> None:
     seen: list[bytes] = []
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -71,17 +85,19 @@ def test_answers_with_a_length_reuse_one_kept_alive_connection() -> None:
             await writer.drain()
 
     async def test(url: str, connections: list[int]) -> None:
-        up = Upstream(timeout=2.0, max_connections=4, api_key="k-1")
+        up = _transport(kind, 2.0, api_key="k-1")
         assert [await up.post(url + "/base", "/v1/chat/completions", b'{"a":1}') for _ in range(3)] == [
             b'{"n": 1}', b'{"n": 2}', b'{"n": 3}']
+        assert await up.get_json(url + "/base", "/v1/models") == {"n": 4}
         await up.aclose()
 
     assert len(_serve(handler, test)) == 1
     assert seen[0].startswith(b"POST /base/v1/chat/completions HTTP/1.1\r\n")
-    assert b"Authorization: Bearer k-1\r\n" in seen[0] and seen[0].endswith(b'\r\n\r\n{"a":1}')
+    assert b"authorization: bearer k-1\r\n" in seen[0].lower() and seen[0].endswith(b'\r\n\r\n{"a":1}')
 
 
-def test_a_chunked_stream_cut_anywhere_comes_out_line_by_line() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_chunked_stream_cut_anywhere_comes_out_line_by_line(kind: str) -> None:
     events = b'data: {"a": 1}\n\ndata: {"b": 2}\n\ndata: [DONE]\n\n'
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -97,8 +113,8 @@ def test_a_chunked_stream_cut_anywhere_comes_out_line_by_line() -> None:
         await reader.read()
 
     async def test(url: str, connections: list[int]) -> None:
-        up = Upstream(timeout=2.0, max_connections=4)
-        lines = [line async for line in up.stream(url, "/v1/chat/completions", b"{}", first_byte_timeout=1.0)]
+        up = _transport(kind, 2.0)
+        lines = await _lines(up, url, first_byte_timeout=1.0)
         assert lines == [b'data: {"a": 1}\n', b"\n", b'data: {"b": 2}\n', b"\n", b"data: [DONE]\n", b"\n"]
         await up.aclose()
 
@@ -118,66 +134,79 @@ def _answer_once_then_close(after: float) -> Handler:
     return handler
 
 
-def test_a_connection_the_worker_closed_while_idle_is_replaced_without_an_error() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stale_keep_alive_connection_is_replaced_without_an_error(kind: str) -> None:
     async def test(url: str, connections: list[int]) -> None:
-        up = Upstream(timeout=2.0, max_connections=4)
+        up = _transport(kind, 2.0)
         assert await up.post(url, "/generate", b"{}") == b"{}"
         await asyncio.sleep(0.2)
-        assert up.send_now(url, "/generate", b"{}") is None  # no early send on the closed connection
         assert await up.post(url, "/generate", b"{}") == b"{}"
         await up.aclose()
 
     assert len(_serve(_answer_once_then_close(0.05), test)) == 2
 
 
-def test_an_answer_that_ends_with_its_connection_is_whole() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_answer_that_ends_with_its_connection_is_whole(kind: str) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
         writer.write(b'HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{"whole": true}')
         await writer.drain()
 
     async def test(url: str, connections: list[int]) -> None:
-        up = Upstream(timeout=2.0, max_connections=4)
+        up = _transport(kind, 2.0)
         assert await up.post(url, "/generate", b"{}") == b'{"whole": true}'
         await up.aclose()
 
     _serve(handler, test)
 
 
-def test_garbage_silence_and_a_broken_stream_raise_typed_errors() -> None:
-    mode = {"now": "garbage"}
-
+def _misbehaving(mode: dict[str, str]) -> Handler:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
         if mode["now"] == "garbage":
             writer.write(b"<html>not http</html>\r\n\r\n")
         elif mode["now"] == "stalls mid-stream":
             writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\ndata:\n\r\n")
+        elif mode["now"] == "breaks mid-stream":
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\ndata:\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.transport.abort()
+            return
         await writer.drain()
         await asyncio.sleep(2)  # silent
 
+    return handler
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_garbage_silence_and_a_broken_stream_raise_typed_errors(kind: str) -> None:
+    mode = {"now": "garbage"}
+
     async def test(url: str, connections: list[int]) -> None:
-        up = Upstream(timeout=0.3, max_connections=4)
+        up = _transport(kind, 0.3)
         with pytest.raises(MalformedResponseError):
             await up.post(url, "/generate", b"{}")
         mode["now"] = "silent"
         with pytest.raises(WorkerTimeoutError):
             await up.post(url, "/generate", b"{}")
         with pytest.raises(WorkerTimeoutError):
-            async for _ in up.stream(url, "/generate", b"{}", first_byte_timeout=0.2):
-                pass
-        mode["now"] = "stalls mid-stream"
-        got = []
-        with pytest.raises(StreamError):
-            async for line in up.stream(url, "/generate", b"{}", first_byte_timeout=0.2):
-                got.append(line)
-        assert got == [b"data:\n"]
+            await _lines(up, url, first_byte_timeout=0.2)
+        for broken in ("stalls mid-stream", "breaks mid-stream"):
+            mode["now"] = broken
+            got = []
+            with pytest.raises(StreamError):
+                async for line in up.stream(url, "/generate", b"{}", first_byte_timeout=0.2):
+                    got.append(line)
+            assert got == [b"data:\n"]
         await up.aclose()
 
-    _serve(handler, test)
+    _serve(_misbehaving(mode), test)
 
 
-def test_a_request_the_worker_held_before_closing_is_not_sent_again() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_request_the_worker_held_before_closing_is_not_sent_again(kind: str) -> None:
     requests: list[bytes] = []
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -188,7 +217,7 @@ def test_a_request_the_worker_held_before_closing_is_not_sent_again() -> None:
         await asyncio.sleep(0.3)  # works on it, then dies without answering
 
     async def test(url: str, connections: list[int]) -> None:
-        up = Upstream(timeout=2.0, max_connections=4)
+        up = _transport(kind, 2.0)
         assert await up.post(url, "/generate", b"{}") == b"{}"
         with pytest.raises(WorkerConnectionError):
             await up.post(url, "/generate", b"{}")
@@ -198,7 +227,8 @@ def test_a_request_the_worker_held_before_closing_is_not_sent_again() -> None:
     assert len(requests) == 2  # ran once: not replayed on a new connection
 
 
-def test_an_error_status_with_a_large_body_on_a_stream_is_read_whole() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_error_status_with_a_large_body_on_a_stream_is_read_whole(kind: str) -> None:
     body = b'{"error": {"message": "' + b"x" * (3 << 20) + b'"}}'
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -208,16 +238,16 @@ def test_an_error_status_with_a_large_body_on_a_stream_is_read_whole() -> None:
         await reader.read()
 
     async def test(url: str, connections: list[int]) -> None:
-        up = Upstream(timeout=1.0, max_connections=4)
+        up = _transport(kind, 1.0)
         with pytest.raises(WorkerBadRequestError):
-            async for _ in up.stream(url, "/v1/chat/completions", b"{}", first_byte_timeout=1.0):
-                pass
+            await _lines(up, url, first_byte_timeout=1.0)
         await up.aclose()
 
     _serve(handler, test)
 
 
-def test_the_first_byte_deadline_bounds_the_whole_wait_for_a_silent_stream() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_slow_first_byte_is_bounded_by_one_deadline_for_headers_and_first_line(kind: str) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
         await asyncio.sleep(0.3)
@@ -226,53 +256,92 @@ def test_the_first_byte_deadline_bounds_the_whole_wait_for_a_silent_stream() -> 
         await asyncio.sleep(3)
 
     async def test(url: str, connections: list[int]) -> None:
-        up = Upstream(timeout=10.0, max_connections=4)
+        up = _transport(kind, 10.0)
         t0 = time.monotonic()
         with pytest.raises(WorkerTimeoutError):
-            async for _ in up.stream(url, "/v1/chat/completions", b"{}", first_byte_timeout=0.4):
-                pass
+            await _lines(up, url, first_byte_timeout=0.4)
         assert time.monotonic() - t0 < 0.6  # one deadline for headers and first line (0.3 + 0.4 before)
         await up.aclose()
 
     _serve(handler, test)
 
 
-def test_an_early_send_needs_an_idle_connection_and_is_answered_or_dropped() -> None:
-    seen: list[bytes] = []
-
+def _counting_stream(seen: list[bytes]) -> Handler:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             seen.append(await _read_request(reader))
-            writer.write(_answer(b'{"n": %d}' % len(seen)))
+            writer.write(_answer(b'data: {"n": %d}\n\n' % len(seen)))
             await writer.drain()
 
+    return handler
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_early_send_is_read_by_its_stream_or_dropped(kind: str) -> None:
+    seen: list[bytes] = []
+
     async def test(url: str, connections: list[int]) -> None:
-        up = Upstream(timeout=2.0, max_connections=4)
-        assert up.send_now(url, "/generate", b"{}") is None  # nothing to send on yet
-        assert await up.post(url, "/generate", b"{}") == b'{"n": 1}'
-        sent = up.send_now(url, "/generate", b'{"early":1}')
+        up = _transport(kind, 2.0)
+        assert await up.post(url, "/generate", b"{}") == b'data: {"n": 1}\n\n'  # a kept-alive connection
+        sent = up.send_early(url, "/generate", b'{"early":1}')
         assert sent is not None and sent.worker == url
-        assert await up.answer(sent) == b'{"n": 2}'  # the connection is then pooled again
-        dropped = up.send_now(url, "/generate", b'{"early":2}')
+        assert await _lines(up, url, early=sent) == [b'data: {"n": 2}\n', b"\n"]
+        dropped = up.send_early(url, "/generate", b'{"early":2}')
         assert dropped is not None
         up.drop(dropped)
-        assert dropped.conn.closed
-        assert up.send_now(url, "/generate", b"{}") is None  # the dropped connection is not reused
+        assert await up.post(url, "/generate", b"{}") != b""  # the transport goes on
         await up.aclose()
 
-    assert len(_serve(handler, test)) == 1  # the first post's connection carried both early sends
+    _serve(_counting_stream(seen), test)
     assert seen[1].endswith(b'{"early":1}')
 
 
-def test_an_early_send_on_a_connection_closed_as_it_was_reused_is_sent_again_however_late_it_is_read() -> None:
+def test_the_fast_path_sends_early_only_on_an_idle_connection_and_resends_one_found_stale() -> None:
+    seen: list[bytes] = []
+
     async def test(url: str, connections: list[int]) -> None:
         up = Upstream(timeout=2.0, max_connections=4)
-        assert await up.post(url, "/generate", b"{}") == b"{}"
-        sent = up.send_now(url, "/generate", b"{}")  # before the close is seen: the connection looks idle
-        assert sent is not None
-        await asyncio.sleep(0.15)  # the route's round trip, slower than the stale-connection window
-        assert await up.answer(sent) == b"{}"
+        assert up.send_early(url, "/generate", b"{}") is None  # nothing to send on yet
+        await up.post(url, "/generate", b"{}")
+        dropped = up.send_early(url, "/generate", b"{}")
+        assert dropped is not None
+        up.drop(dropped)
+        assert up.send_early(url, "/generate", b"{}") is None  # the dropped connection is not reused
         await up.aclose()
 
-    assert len(_serve(_answer_once_then_close(0.02), test)) == 2
+    assert len(_serve(_counting_stream(seen), test)) == 1
 
+    async def stale(url: str, connections: list[int]) -> None:
+        up = Upstream(timeout=2.0, max_connections=4)
+        assert await up.post(url, "/generate", b"{}") == b"{}"
+        sent = up.send_early(url, "/generate", b"{}")  # before the close is seen: the connection looks idle
+        assert sent is not None
+        await asyncio.sleep(0.15)  # the route's round trip, slower than the stale-connection window
+        assert await _lines(up, url, early=sent) == [b"{}"]
+        await up.aclose()
+
+    assert len(_serve(_answer_once_then_close(0.02), stale)) == 2
+
+
+def test_the_sync_httpx_transport_reads_lines_and_types_its_errors() -> None:
+    mode = {"now": "silent"}
+
+    async def test(url: str, connections: list[int]) -> None:
+        def run() -> None:
+            up = SyncHttpxTransport(timeout=0.3)
+            with pytest.raises(WorkerTimeoutError):
+                list(up.stream(url, "/generate", b"{}", first_byte_timeout=0.2))
+            mode["now"] = "stalls mid-stream"
+            got = []
+            with pytest.raises(StreamError):
+                for line in up.stream(url, "/generate", b"{}"):
+                    got.append(line)
+            assert got == [b"data:\n"]
+            mode["now"] = "garbage"
+            with pytest.raises(MalformedResponseError):
+                list(up.stream(url, "/generate", b"{}"))
+            up.close()
+
+        await asyncio.to_thread(run)
+
+    _serve(_misbehaving(mode), test)

@@ -1,0 +1,19 @@
+"""One call pipeline for both front doors (``ChatSGLang`` and ``agent-cache serve``).
+
+A call's walk, whichever door it came in by:
+
+1. :func:`~agent_cache.calls.prepare.prepare` checks the request and builds a
+   :class:`~agent_cache.calls.prepare.Call` (the worker's body, the route
+   request, the template to record);
+2. :class:`~agent_cache.routing.lifecycle.CallLifecycle` routes it, retries
+   it elsewhere while nothing reached the caller, and settles each attempt;
+3. each attempt (:mod:`agent_cache.calls.attempt`) goes over a
+   :class:`~agent_cache.calls.transport.WorkerTransport` (httpx, or the
+   gateway's optional fast path) within the worker's first-byte deadline,
+   and its lines go through the one
+   :class:`~agent_cache.calls.reader.EventReader`;
+4. the door turns events into its answer (the gateway passes them on, or
+   assembles the whole answer with :class:`~agent_cache.calls.assemble.Whole`;
+   ``ChatSGLang`` parses them into chunks), then runs
+   :class:`~agent_cache.calls.served.Served`.
+"""

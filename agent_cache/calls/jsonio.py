@@ -1,0 +1,59 @@
+"""JSON from bytes, fast where it can be and exact where orjson reads differently."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+import orjson
+
+from agent_cache.errors import MalformedResponseError
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# 19 digits in a row: possibly an integer past 64 bits, which orjson reads as a float. Found by
+# mapping digits to 1 and the rest to 0 (C speed: a regular expression took 180 us on 8 KB)
+_DIGITS = bytes(49 if 48 <= c <= 57 else 48 for c in range(256))
+_NINETEEN = b"1" * 19
+
+
+def loads(raw: bytes, *, strict: bool = True) -> Any:
+    """JSON from bytes: orjson (a tenth of the json module's time on a chat body), and the json
+    module for what orjson reads differently or refuses and JSON allows (integers past 64 bits,
+    lone surrogate escapes, which the field checks then name). ``strict``: NaN and Infinity are
+    refused, as JSON refuses them (a request); else read as the json module reads them (a worker's
+    answer)."""
+    return loads_checked(raw, strict)[0]
+
+
+def loads_checked(raw: bytes, strict: bool) -> tuple[Any, bool]:
+    """:func:`loads`, and whether orjson read it (then every text is valid Unicode and every number
+    finite: orjson refuses the rest)."""
+    if _NINETEEN not in raw.translate(_DIGITS):
+        try:
+            return orjson.loads(raw), True
+        except orjson.JSONDecodeError:
+            pass
+    return (json.loads(raw, parse_constant=_no_constant) if strict else json.loads(raw)), False
+
+
+def dumps(body: Mapping[str, Any]) -> bytes:
+    """Compact UTF-8 JSON."""
+    try:
+        return orjson.dumps(body)  # as below, twenty times faster
+    except TypeError:  # an integer past 64 bits
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def json_object(raw: bytes, worker: str) -> dict[str, Any]:
+    """A worker's JSON answer or stream event; anything else is a malformed (retryable) answer."""
+    try:
+        data = loads(raw, strict=False)  # Infinity in logprobs is read as the json module reads it
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        raise MalformedResponseError("the worker's answer is not a JSON object", url=worker)
+    return data

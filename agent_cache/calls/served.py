@@ -1,0 +1,39 @@
+"""What follows a served call, for both doors: its template recorded, its trace written.
+
+The lifecycle has already settled the attempt (its in-flight count released,
+the worker's usage reported to the store); :meth:`Served.__call__` is the
+one hook each door runs once the caller has its answer.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from agent_cache.backends.protocol import Usage
+from agent_cache.calls.prepare import Call
+from agent_cache.routing.types import Placement
+from agent_cache.templates.registry import TemplateRegistry
+from agent_cache.traces import TraceWriter
+
+
+class Served:
+    """The bookkeeping after a served call: ``registry`` records templates, ``trace`` (optional)
+    appends the call to a trace file."""
+
+    def __init__(self, registry: TemplateRegistry, trace: TraceWriter | None = None) -> None:
+        self.registry = registry
+        self.trace = trace
+
+    def __call__(self, call: Call, placement: Placement, *, usage: Usage | None = None, text: str = "",
+                 messages: Sequence[dict[str, Any]] = (), tools: list[dict[str, Any]] | None = None) -> None:
+        if call.prompt is not None:
+            self.registry.record(placement.tenant, call.prompt, placement.session_id)  # queued: no I/O here
+        if self.trace is not None:
+            self.trace.write(call.route.session_id, list(messages), text,
+                             usage.completion_tokens if usage else None, time.time(), tools)
+
+    def close(self) -> None:
+        self.registry.close()
+        if self.trace is not None:
+            self.trace.close()

@@ -1,0 +1,97 @@
+"""The one SSE reader and the whole-answer assembly, on byte-exact streams."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from agent_cache.backends.protocol import Usage
+from agent_cache.calls.assemble import Whole
+from agent_cache.calls.reader import EventReader
+from agent_cache.errors import MalformedResponseError, StreamError, WorkerBadRequestError
+
+W = "http://w"
+
+
+def _sse(*events: Any) -> list[bytes]:
+    lines: list[bytes] = []
+    for event in events:
+        data = event if isinstance(event, bytes) else json.dumps(event).encode()
+        lines += [b"data: " + data + b"\n", b"\n"]
+    return lines
+
+
+def _chunk(delta: dict[str, Any] | None = None, finish: str | None = None, index: int = 0, **extra: Any) -> dict:
+    choice = {"index": index, "delta": delta or {}, "logprobs": None, "finish_reason": finish, **extra}
+    return {"id": "r1", "object": "chat.completion.chunk", "created": 7, "model": "m", "choices": [choice],
+            "usage": None}
+
+
+USAGE = {"id": "r1", "object": "chat.completion.chunk", "created": 7, "model": "m", "choices": [],
+         "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
+                   "prompt_tokens_details": {"cached_tokens": 4}}}
+
+
+def _read(lines: list[bytes], include_usage: bool = True) -> tuple[EventReader, list[bytes]]:
+    reader = EventReader(W, "/v1/chat/completions", include_usage)
+    out = [e.raw for line in lines if (e := reader.feed(line)) is not None]
+    last = reader.end()
+    return reader, out + ([last.raw] if last is not None else [])
+
+
+def test_events_pass_through_byte_for_byte_and_the_usage_is_noted() -> None:
+    lines = [b"\n", b": keep-alive\n", *_sse(_chunk({"content": "hi"}), USAGE, b"[DONE]")]
+    reader, events = _read(lines)
+    assert b"".join(events) == b"".join(lines[2:])  # blank lines and comments before the first event: dropped
+    assert reader.usage == Usage(10, 3, 4) and reader.done
+
+
+def test_the_usage_event_asked_for_on_the_callers_behalf_is_read_but_not_given_out() -> None:
+    reader, events = _read(_sse(_chunk({"content": "hi"}), USAGE, b"[DONE]"), include_usage=False)
+    assert len(events) == 2 and b"prompt_tokens" not in b"".join(events) and reader.usage == Usage(10, 3, 4)
+
+
+def test_what_is_not_a_whole_event_stream_is_an_error() -> None:
+    with pytest.raises(MalformedResponseError):
+        _read([b"<html>\n"])
+    with pytest.raises(StreamError):
+        _read(_sse(_chunk({"content": "hi"})))  # no [DONE]
+    reader = EventReader(W, "/v1/chat/completions")
+    event = reader.feed(b'data: {"error": {"message": "bad", "code": 400}}\n') or reader.feed(b"\n")
+    assert event is not None and isinstance(event.error(), WorkerBadRequestError)
+
+
+def test_a_chat_stream_assembles_into_the_whole_answer() -> None:
+    whole = Whole("/v1/chat/completions")
+    call = {"id": "c1", "index": 0, "type": "function", "function": {"name": "search", "arguments": ""}}
+    for data in (_chunk({"role": "assistant", "content": ""}), _chunk({"content": "Hel"}, logprobs={"content": [1]}),
+                 _chunk({"content": "lo"}, logprobs={"content": [2]}), _chunk({"content": "x"}, index=1),
+                 _chunk({"tool_calls": [call]}, index=2), _chunk({"tool_calls": [{"index": 0, "function": {
+                     "arguments": '{"q": 1}'}}]}, index=2),
+                 _chunk({}, "stop", matched_stop=7), _chunk({}, "tool_calls", index=2), USAGE):
+        whole.add(data)
+    answer = json.loads(whole.body())
+    assert answer["object"] == "chat.completion" and answer["id"] == "r1" and answer["usage"] == USAGE["usage"]
+    first, second, tools = answer["choices"]
+    assert first["message"] == {"role": "assistant", "content": "Hello", "reasoning_content": None,
+                                "tool_calls": None}
+    assert first["logprobs"] == {"content": [1, 2]} and first["finish_reason"] == "stop" and first["matched_stop"] == 7
+    assert second["index"] == 1 and second["message"]["content"] == "x"
+    assert tools["message"]["content"] is None and tools["finish_reason"] == "tool_calls"
+    assert tools["message"]["tool_calls"] == [{"id": "c1", "index": 0, "type": "function",
+                                               "function": {"name": "search", "arguments": '{"q": 1}'}}]
+
+
+def test_a_completion_stream_assembles_into_the_whole_answer() -> None:
+    whole = Whole("/v1/completions")
+    for piece, finish, logprobs in (("Hel", None, {"tokens": ["Hel"], "token_logprobs": [-1.0]}),
+                                    ("lo", "length", {"tokens": ["lo"], "token_logprobs": [-2.0]})):
+        whole.add({"id": "r2", "object": "text_completion", "created": 1, "model": "m",
+                   "choices": [{"index": 0, "text": piece, "logprobs": logprobs, "finish_reason": finish}],
+                   "usage": None})
+    answer = json.loads(whole.body())
+    assert answer["object"] == "text_completion" and answer["choices"][0]["text"] == "Hello"
+    assert answer["choices"][0]["logprobs"] == {"tokens": ["Hel", "lo"], "token_logprobs": [-1.0, -2.0]}
+    assert answer["choices"][0]["finish_reason"] == "length"
