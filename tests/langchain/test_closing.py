@@ -77,7 +77,7 @@ def test_with_closes_and_writes_at_once(lc_fleet, redis_url):
     router = Router(lc_fleet.urls, redis_url=redis_url, prefix=prefix, probe_interval=None)
     with ChatSGLang(model="sim", workers=lc_fleet.urls) as model:
         model.invoke("hello")
-    assert model.routing.outbox.pending.held() == {} and model._clients == {}
+    assert model.routing.outbox.pending.held() == {} and model._transport is None
     with router, ChatSGLang(model="sim", router=router) as model:
         model.invoke("hello", session_id="w")
     stats = RedisStore(redis_url, prefix=prefix).stats(time.time())
@@ -88,4 +88,4 @@ async def test_async_with_closes(lc_fleet):
     async with ChatSGLang(model="sim", workers=lc_fleet.urls) as model:
         out = await model.ainvoke("hello")
     assert out.usage_metadata is not None
-    assert not any(model._aclients.values())  # this loop's clients closed
+    assert not model._atransports  # this loop's transport closed
