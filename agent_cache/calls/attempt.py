@@ -28,14 +28,15 @@ class _Steps:
     """What the runners share: the deadline, the first byte's time, each line's event."""
 
     def __init__(self, call: Call, attempt: Attempt, deadlines: FirstByteDeadlines, cap: float | None,
-                 first_attempt: bool) -> None:
+                 first_attempt: bool, whole_ok: bool = False) -> None:
         self.worker = attempt.placement.worker
         self.attempt = attempt
         self.deadlines = deadlines
         # the first attempt waits the worker's adaptive deadline (a hung worker is left after a few
         # of its usual times to first byte); a retry waits ``cap``, so a slow prompt still gets its answer
         self.wait = deadlines.deadline(self.worker, cap) if first_attempt else cap
-        self.reader = EventReader(self.worker, call.path, call.include_usage)
+        # a whole answer where a stream was asked is an answer when the caller wants the whole answer
+        self.reader = EventReader(self.worker, call.path, call.include_usage, whole_ok=whole_ok)
         self.started = time.monotonic()
         self.first = True
 
@@ -57,9 +58,11 @@ class _Steps:
 
 
 async def astream(transport: WorkerTransport, call: Call, attempt: Attempt, *, deadlines: FirstByteDeadlines,
-                  cap: float | None, first_attempt: bool, early: Any = None) -> AsyncGenerator[Event, None]:
-    """The events of one attempt (async); ``early``: the call, already sent to this worker."""
-    steps = _Steps(call, attempt, deadlines, cap, first_attempt)
+                  cap: float | None, first_attempt: bool, early: Any = None,
+                  whole_ok: bool = False) -> AsyncGenerator[Event, None]:
+    """The events of one attempt (async); ``early``: the call, already sent to this worker;
+    ``whole_ok``: see :class:`~agent_cache.calls.reader.EventReader`."""
+    steps = _Steps(call, attempt, deadlines, cap, first_attempt, whole_ok)
     lines = transport.stream(steps.worker, call.path, call.body, first_byte_timeout=steps.wait, early=early)
     async with contextlib.aclosing(lines):  # type: ignore[type-var]  # a failed attempt closes its connection
         async for line in lines:

@@ -101,7 +101,7 @@ class Forward:
                 early: SentEarly | None) -> AsyncGenerator[Any, None]:
         tries.append(attempt.placement)
         return attempts.astream(self.transport, call, attempt, deadlines=self.router.first_byte, cap=self.timeout,
-                                first_attempt=len(tries) == 1, early=early)
+                                first_attempt=len(tries) == 1, early=early, whole_ok=not call.stream)
 
     async def whole(self, request: Request, call: Call, grant: ApiKey, send: Send) -> Response | None:
         """A call whose client wants the whole answer; None once it was sent."""
@@ -114,11 +114,13 @@ class Forward:
             placement = attempt.placement
             sent, early = self._confirm(early, placement.worker), None
             if call.worker_streams:
-                whole = Whole(call.path)
+                whole, raw = Whole(call.path), b""
                 async for event in self._events(call, attempt, tries, sent):
-                    if event.payload is not None:
+                    if event.whole:  # the worker answered whole (an option of the request): passed on
+                        raw = event.raw
+                    elif event.payload is not None:
                         whole.add(event.data())
-                raw = whole.body()
+                raw = raw or whole.body()
             else:  # a whole /generate: its silence bounded by the stall timeout only
                 raw = await self.transport.post(placement.worker, call.path, call.body)
                 if raw.startswith(b"data:"):  # an event stream: an option of the request asked for it

@@ -10,7 +10,7 @@ import pytest
 from agent_cache.backends.protocol import Usage
 from agent_cache.calls.assemble import Whole
 from agent_cache.calls.reader import EventReader
-from agent_cache.errors import MalformedResponseError, StreamError, WorkerBadRequestError
+from agent_cache.errors import MalformedResponseError, ResponseMismatchError, StreamError, WorkerBadRequestError
 
 W = "http://w"
 
@@ -95,3 +95,14 @@ def test_a_completion_stream_assembles_into_the_whole_answer() -> None:
     assert answer["object"] == "text_completion" and answer["choices"][0]["text"] == "Hello"
     assert answer["choices"][0]["logprobs"] == {"tokens": ["Hel", "lo"], "token_logprobs": [-1.0, -2.0]}
     assert answer["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_whole_json_answer_to_a_stream_is_the_answer_only_where_the_caller_wants_it_whole() -> None:
+    body = json.dumps({"id": "r1", "choices": [{"index": 0, "message": {"content": "hi"}}],
+                       "usage": USAGE["usage"]}).encode()
+    with pytest.raises(ResponseMismatchError):
+        _read([body + b"\n"])
+    reader = EventReader(W, "/v1/chat/completions", whole_ok=True)
+    assert [reader.feed(line) for line in (body[:10], body[10:] + b"\n")] == [None, None]
+    whole = reader.end()
+    assert whole is not None and whole.whole and whole.raw == body + b"\n" and reader.usage == Usage(10, 3, 4)
