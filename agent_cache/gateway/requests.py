@@ -57,12 +57,7 @@ def find_session(headers: Mapping[str, str], header: str, body: Mapping[str, Any
     for field, value in ((header, headers.get(header)), ("user", body.get("user"))):
         if value is not None:
             return session_value(value, field, header=field == header)
-    if infer is not None:
-        try:
-            return infer()
-        except (TypeError, AttributeError, ValueError):  # a malformed conversation: the checks name its fault
-            pass
-    return f"anon-{uuid.uuid4().hex}"
+    return infer() if infer is not None else f"anon-{uuid.uuid4().hex}"
 
 
 def prepare(path: str, body: dict[str, Any], *, grant: ApiKey, extra_key: str | None, session: str,
