@@ -36,6 +36,7 @@ from agent_cache.errors import BackendError, ConfigError, ResponseMismatchError,
 from agent_cache.telemetry import trace_context
 
 DEFAULT_TIMEOUT = 120.0
+MAX_WORKER_URL = 2048  # characters; a URL longer than any browser or proxy takes is a mistake
 
 
 def normalize_worker_url(url: str, field: str = "base_url") -> str:
@@ -44,7 +45,14 @@ def normalize_worker_url(url: str, field: str = "base_url") -> str:
         raise ConfigError(field, f"expected a worker URL such as http://127.0.0.1:30000, got {url!r}")
     if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url.strip()):
         raise ConfigError(field, f"whitespace or a control character inside the URL {url!r}")
-    parts = urlsplit(url.strip())
+    if len(url) > MAX_WORKER_URL:
+        raise ConfigError(field, f"a worker URL of {len(url)} characters; at most {MAX_WORKER_URL}")
+    if not url.isascii():  # a lone surrogate, or an international name HTTP cannot send as it is
+        raise ConfigError(field, f"non-ASCII characters in {url!r}; give the host in its ASCII (punycode) form")
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError as exc:  # e.g. an unclosed IPv6 bracket
+        raise ConfigError(field, f"not a URL: {url!r} ({exc})") from None
     if parts.scheme not in ("http", "https"):
         raise ConfigError(field, f"unsupported URL scheme {parts.scheme!r} in {url!r}; use http or https")
     if not parts.hostname:

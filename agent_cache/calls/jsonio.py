@@ -40,12 +40,37 @@ def loads_checked(raw: bytes, strict: bool) -> tuple[Any, bool]:
     return (json.loads(raw, parse_constant=_no_constant) if strict else json.loads(raw)), False
 
 
-def dumps(body: Mapping[str, Any]) -> bytes:
+def dumps(body: Any) -> bytes:
     """Compact UTF-8 JSON."""
     try:
         return orjson.dumps(body)  # as below, twenty times faster
     except TypeError:  # an integer past 64 bits
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def printable(text: str) -> str:
+    """``text`` as UTF-8 can carry it: a lone surrogate (JSON's escapes allow one, UTF-8 does not)
+    is written out as its escape's characters, so an answer quoting it can still be sent."""
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def dumps_printable(body: Any) -> bytes:
+    """:func:`dumps` for an answer the gateway writes itself (an error may quote the request's own
+    text): never fails on a lone surrogate, which is written out by :func:`printable`."""
+    try:
+        return dumps(body)
+    except UnicodeEncodeError:
+        return dumps(_printable_tree(body))
+
+
+def _printable_tree(value: Any) -> Any:
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, Mapping):
+        return {printable(str(k)): _printable_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_printable_tree(v) for v in value]
+    return value
 
 
 def json_object(raw: bytes, worker: str) -> dict[str, Any]:

@@ -66,6 +66,24 @@ class Call:
         return self.stream or self.path != GENERATE
 
 
+def _check_input(path: str, params: Mapping[str, Any]) -> None:
+    """The text a completion or ``/generate`` call is given: present (null counts as absent) and not
+    empty, which SGLang refuses (a 400 from the worker, after the call was routed)."""
+    if path == COMPLETIONS:
+        named = {"prompt": params.get("prompt")}
+        if named["prompt"] is None:
+            raise InvalidRequestError("prompt", "required: the text to complete")
+    else:
+        named = {k: params.get(k) for k in ("text", "input_ids") if params.get(k) is not None}
+        if len(named) != 1:
+            raise InvalidRequestError("text", "give exactly one of text or input_ids")
+    for name, value in named.items():
+        if isinstance(value, list) and not value:
+            raise InvalidRequestError(name, "empty: give the text (or token ids) to complete")
+        if path == GENERATE and value == "":
+            raise InvalidRequestError(name, "empty: give the text to complete")
+
+
 def prepare(path: str, params: dict[str, Any], *, session: str, tenant: str, pool: str | None,
             extra_key: str | None, templater: Templater | None, fields: Collection[str] | None = None,
             owner: str = "give ChatSGLang(tenant=...) instead", variables: Mapping[str, str] | None = None,
@@ -104,10 +122,7 @@ def prepare(path: str, params: dict[str, Any], *, session: str, tenant: str, poo
             params["tools"] = prompt.tools
         template_id, tokens = prompt.template_id, prompt.template_tokens
     else:
-        if path == COMPLETIONS and "prompt" not in params:
-            raise InvalidRequestError("prompt", "required: the text to complete")
-        if path == GENERATE and ("text" in params) == ("input_ids" in params):
-            raise InvalidRequestError("text", "give exactly one of text or input_ids")
+        _check_input(path, params)
         check_chat_request([], params, owned, fields=fields, owner=owner, values_checked=checked_json)
     params.update(params.pop("extra_body", None) or {})  # merged unchecked, as the OpenAI SDK merges it
     for name in TENANT_FIELDS:

@@ -25,11 +25,12 @@ from typing import Any, Callable
 from urllib.parse import quote
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from agent_cache.errors import ConfigError, RequestRejectedError, StoreError
 from agent_cache.gateway.keys import ApiKey
+from agent_cache.gateway.responses import JSONResponse
 from agent_cache.routing.config import parse_worker
 from agent_cache.routing.discovery import parse_targets
 from agent_cache.routing.fleet import (

@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Callable
 from prometheus_client import REGISTRY, CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -52,6 +52,7 @@ from agent_cache.gateway.readiness import ready_response
 from agent_cache.gateway.asgi import Once, within
 from agent_cache.gateway.forward import SESSION_HEADER, WORKER_HEADER, Forward
 from agent_cache.gateway.requests import CHAT, COMPLETIONS, GENERATE, find_session, parse_json_body, prepare
+from agent_cache.gateway.responses import JSONResponse
 from agent_cache.routing.conversation import conversation_session
 from agent_cache.routing.router import Router
 from agent_cache.telemetry import tracing

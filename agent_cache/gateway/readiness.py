@@ -19,9 +19,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.responses import JSONResponse
-
 from agent_cache.errors import ConfigError, StoreError
+from agent_cache.gateway.responses import JSONResponse
 from agent_cache.routing.health import CLOSED, HALF_OPEN
 from agent_cache.routing.router import Router
 from agent_cache.store.base import AsyncMetadataStore

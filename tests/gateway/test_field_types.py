@@ -69,6 +69,8 @@ OTHER_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("/v1/completions", {"prompt": 5}, "prompt"), ("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs"),
     ("/v1/completions", {"prompt": "x", "echo": "no"}, "echo"),
     ("/v1/completions", {"prompt": "x", "custom_params": _deep(1000)}, "custom_params"),
+    ("/v1/completions", {"prompt": None}, "prompt"), ("/v1/completions", {"prompt": []}, "prompt"),
+    ("/generate", {"text": None}, "text"), ("/generate", {"text": ""}, "text"), ("/generate", {"input_ids": []}, "input_ids"),
     ("/generate", {"text": "x", "stream": "true"}, "stream"), ("/generate", {"text": 5}, "text"),
     ("/generate", {"text": "x", "sampling_params": 3}, "sampling_params"),
     ("/generate", {"input_ids": ["a"]}, "input_ids[0]"),
