@@ -55,7 +55,7 @@ class WorkerOptions:
         version = SGLangVersion.parse(self.sglang_version)
         return SchedulerConfig(
             max_total_tokens=self.max_total_tokens, context_length=self.context_length, page_size=self.page_size,
-            radix_eviction_policy=self.radix_eviction_policy if version.lfu_counts_hits else "lru",
+            radix_eviction_policy=self.radix_eviction_policy if version.has("lfu_hits") else "lru",
             disable_radix_cache=self.disable_radix_cache, schedule_policy=self.schedule_policy,
             chunked_prefill_size=self.chunked_prefill_size, max_prefill_tokens=self.max_prefill_tokens,
             max_running_requests=self.max_running_requests, latency=self.latency,
