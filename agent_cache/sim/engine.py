@@ -131,26 +131,6 @@ class Engine:
     # --- state the HTTP layer reports ------------------------------------------
 
     @property
-    def cache(self) -> RadixCache:
-        return self.model.cache
-
-    @property
-    def counters(self) -> Counters:
-        return self.model.counters
-
-    @property
-    def running(self) -> int:
-        return self.model.num_running
-
-    @property
-    def queued(self) -> int:
-        return self.model.num_waiting
-
-    @property
-    def max_running_requests(self) -> int:
-        return self.model.config.running_limit
-
-    @property
     def ready(self) -> bool:
         return time.monotonic() - self.started_at >= self.options.startup_seconds
 
