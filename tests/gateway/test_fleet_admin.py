@@ -29,12 +29,6 @@ REFRESH = "0.3"
 
 
 @pytest.fixture
-def procs() -> Iterator[Processes]:
-    with Processes() as p:
-        yield p
-
-
-@pytest.fixture
 def keys_file(tmp_path: Path) -> str:
     path = tmp_path / "keys"
     path.write_text("admin-key ops role=admin\nuser-key team\n")
