@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import redis
 
+from agent_cache.bench.realfleet import Processes
 from agent_cache.sim import SimFleet
 
 
@@ -52,6 +53,13 @@ def fleet() -> Iterator[SimFleet]:
 @pytest.fixture
 def worker(fleet: SimFleet) -> str:
     return fleet.urls[0]
+
+
+@pytest.fixture
+def procs() -> Iterator[Processes]:
+    """Commands a test starts (gateways, workers): every one stopped when the test ends."""
+    with Processes() as p:
+        yield p
 
 
 def redis_server_binary() -> str | None:

@@ -57,7 +57,7 @@ def test_a_worker_refusing_the_flush_stops_the_demo_with_one_line(capsys) -> Non
         threading.Thread(target=lambda: httpx.post(url + "/v1/chat/completions", json=body, timeout=30),
                          daemon=True).start()
         deadline = time.monotonic() + 10
-        while busy.engine(0).running + busy.engine(0).queued == 0:
+        while busy.engine(0).model.num_running + busy.engine(0).model.num_waiting == 0:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         assert main(["demo", "--workers", url, "--quick"]) == 1

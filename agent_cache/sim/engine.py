@@ -55,7 +55,7 @@ class WorkerOptions:
         version = SGLangVersion.parse(self.sglang_version)
         return SchedulerConfig(
             max_total_tokens=self.max_total_tokens, context_length=self.context_length, page_size=self.page_size,
-            radix_eviction_policy=self.radix_eviction_policy if version.lfu_counts_hits else "lru",
+            radix_eviction_policy=self.radix_eviction_policy if version.has("lfu_hits") else "lru",
             disable_radix_cache=self.disable_radix_cache, schedule_policy=self.schedule_policy,
             chunked_prefill_size=self.chunked_prefill_size, max_prefill_tokens=self.max_prefill_tokens,
             max_running_requests=self.max_running_requests, latency=self.latency,
@@ -129,26 +129,6 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
 
     # --- state the HTTP layer reports ------------------------------------------
-
-    @property
-    def cache(self) -> RadixCache:
-        return self.model.cache
-
-    @property
-    def counters(self) -> Counters:
-        return self.model.counters
-
-    @property
-    def running(self) -> int:
-        return self.model.num_running
-
-    @property
-    def queued(self) -> int:
-        return self.model.num_waiting
-
-    @property
-    def max_running_requests(self) -> int:
-        return self.model.config.running_limit
 
     @property
     def ready(self) -> bool:

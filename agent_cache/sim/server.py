@@ -71,7 +71,7 @@ def _test_failure(body: Mapping[str, Any]) -> JSONResponse | None:
 def _cache_key(engine: Engine, body: Mapping[str, Any]) -> str | None:
     # SGLang keys the radix tree by extra_key, cache_salt folded into it
     # (serving_base._compute_extra_key); releases before 0.5.11 ignore both
-    if not engine.version.honours_extra_key:
+    if not engine.version.has("extra_key"):
         return None
     parts = [str(body[k]) for k in ("cache_salt", "extra_key") if body.get(k) is not None]
     return "".join(parts) if parts else None
@@ -134,7 +134,7 @@ def _usage(engine: Engine, prompt: int, completion: int, cached: int) -> dict[st
         "reasoning_tokens": 0,
     }
     # details only with --enable-cache-report; a zero hit is null before 0.5.22
-    if engine.options.enable_cache_report and (cached > 0 or engine.version.reports_zero_cached_tokens):
+    if engine.options.enable_cache_report and (cached > 0 or engine.version.has("zero_cached_tokens")):
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
     return usage
 
@@ -172,12 +172,12 @@ class SimServer:
             Route("/get_load", state.get_load, methods=["GET"]),
             Route("/flush_cache", state.flush_cache, methods=["POST", "GET"]),
         ]
-        if v.has_plain_info_routes:
+        if v.has("plain_info_routes"):
             routes += [Route("/model_info", state.model_info, methods=["GET"]),
                        Route("/server_info", state.server_info, methods=["GET"])]
-        if v.has_v1_loads:
+        if v.has("v1_loads"):
             routes.append(Route("/v1/loads", state.loads, methods=["GET"]))
-        if v.has_tokenize:
+        if v.has("tokenize"):
             routes += [Route("/tokenize", self.tokenize, methods=["POST"]),
                        Route("/v1/tokenize", self.tokenize, methods=["POST"])]
         if self.options.enable_metrics:
@@ -415,12 +415,12 @@ class SimServer:
                 "completion_tokens": upto,
                 "cached_tokens": cached,
             }
-            if version.reports_retractions:
+            if version.has("retractions"):
                 meta["total_retractions"] = 0
             if done:
                 meta["e2e_latency"] = time.monotonic() - start
             # streamed output_ids: only the new ones before 0.5.6, all so far after
-            first = sent if version.streams_output_delta else 0
+            first = sent if version.has("output_delta") else 0
             return {"text": decode(output_ids[:upto]) if not done else text,
                     "output_ids": output_ids[first:upto], "meta_info": meta}
 

@@ -62,19 +62,19 @@ class StateRoutes:
         return JSONResponse(info)
 
     def _load(self) -> dict[str, Any]:
-        e, m = self.engine, self.engine.model
+        m = self.engine.model
         return {
             "dp_rank": 0,
-            "num_running_reqs": e.running,
-            "num_waiting_reqs": e.queued,
+            "num_running_reqs": m.num_running,
+            "num_waiting_reqs": m.num_waiting,
             "num_used_tokens": m.used_tokens,
             "max_total_num_tokens": self.options.max_total_tokens,
             "token_usage": m.token_usage,
             "gen_throughput": 0.0,
             "cache_hit_rate": m.counters.last_cache_hit_rate,
-            "utilization": e.running / e.max_running_requests,
-            "max_running_requests": e.max_running_requests,
-            "num_total_reqs": e.running + e.queued,
+            "utilization": m.num_running / m.config.running_limit,
+            "max_running_requests": m.config.running_limit,
+            "num_total_reqs": m.num_running + m.num_waiting,
         }
 
     async def server_info(self, request: Request) -> Response:
@@ -101,14 +101,14 @@ class StateRoutes:
                 "simulated": True,
                 # SGLang reports no count of cached tokens over HTTP (num_used_tokens leaves out the
                 # evictable cache); the simulator adds one so benchmarks can read what its tree holds
-                "sim_cached_tokens": e.cache.total_tokens,
+                "sim_cached_tokens": e.model.cache.total_tokens,
                 "status": "ready",
                 "max_total_num_tokens": o.max_total_tokens,
                 "max_req_input_len": min(o.context_length, o.max_total_tokens) - 1,
                 "internal_states": [
                     {
                         "max_total_num_tokens": o.max_total_tokens,
-                        "max_running_requests": e.max_running_requests,
+                        "max_running_requests": e.model.config.running_limit,
                         "last_gen_throughput": 0.0,
                         "memory_usage": {"token_capacity": o.max_total_tokens},
                     }
@@ -119,9 +119,9 @@ class StateRoutes:
     async def get_load(self, request: Request) -> Response:
         e, m = self.engine, self.engine.model
         if e.version.minor < 3:
-            return JSONResponse({"load": e.running + e.queued})
+            return JSONResponse({"load": m.num_running + m.num_waiting})
         waiting = sum(len(r.prompt) for r in m.waiting)
-        return JSONResponse([{"dp_rank": 0, "num_reqs": e.running + e.queued, "num_waiting_reqs": e.queued,
+        return JSONResponse([{"dp_rank": 0, "num_reqs": m.num_running + m.num_waiting, "num_waiting_reqs": m.num_waiting,
                               "num_tokens": m.used_tokens + waiting}])
 
     async def loads(self, request: Request) -> Response:
@@ -147,7 +147,8 @@ class StateRoutes:
         return PlainTextResponse(self.metrics_text(), media_type="text/plain; version=0.0.4")
 
     def metrics_text(self) -> str:
-        e, c, o, m = self.engine, self.engine.counters, self.options, self.engine.model
+        o, m = self.options, self.engine.model
+        c = m.counters
         labels = f'model_name="{o.served_model_name}",engine_type="unified",tp_rank="0",pp_rank="0"'
         lines: list[str] = []
 
@@ -157,20 +158,20 @@ class StateRoutes:
             suffix = "_total" if kind == "counter" else ""
             lines.append(f"sglang:{name}{suffix}{{{labels}}} {float(value)}")
 
-        metric("num_running_reqs", "gauge", e.running, "The number of running requests.")
-        metric("num_queue_reqs", "gauge", e.queued, "The number of requests in the waiting queue.")
+        metric("num_running_reqs", "gauge", m.num_running, "The number of running requests.")
+        metric("num_queue_reqs", "gauge", m.num_waiting, "The number of requests in the waiting queue.")
         metric("num_used_tokens", "gauge", m.used_tokens, "The number of used tokens.")
         metric("token_usage", "gauge", m.token_usage, "The token usage.")
         metric("gen_throughput", "gauge", 0.0, "The generation throughput (token/s).")
         metric("cache_hit_rate", "gauge", c.last_cache_hit_rate, "The prefix cache hit rate (latest batch).")
-        metric("utilization", "gauge", e.running / e.max_running_requests, "Running requests over capacity.")
+        metric("utilization", "gauge", m.num_running / m.config.running_limit, "Running requests over capacity.")
         metric("prompt_tokens", "counter", c.prompt_tokens, "Number of prefill tokens processed.")
         metric("generation_tokens", "counter", c.generation_tokens, "Number of generation tokens processed.")
         metric("cached_tokens", "counter", c.cached_tokens, "Number of cached prompt tokens.")
         metric("num_requests", "counter", c.requests, "Number of requests processed.")
         metric("num_retracted_reqs", "counter", c.retractions, "Number of retracted requests.")
         name = "sglang:time_to_first_token_seconds"
-        h = e.ttft
+        h = self.engine.ttft
         lines.append(f"# HELP {name} Histogram of time to first token in seconds.")
         lines.append(f"# TYPE {name} histogram")
         total = 0

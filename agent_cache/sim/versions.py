@@ -9,9 +9,30 @@ release's wheel (``sglang/srt/entrypoints/http_server.py``,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 SUPPORTED_VERSIONS = tuple(f"0.5.{n}" for n in range(1, 24))
 LATEST_VERSION = SUPPORTED_VERSIONS[-1]
+
+
+Feature = Literal[
+    "plain_info_routes", "v1_loads", "tokenize", "extra_key", "lfu_hits", "zero_cached_tokens", "retractions",
+    "output_delta",
+]
+
+# feature -> the first and last 0.5.<minor> release that has it (None: every later one)
+FEATURES: dict[Feature, tuple[int, int | None]] = {
+    "plain_info_routes": (6, None),  # ``/server_info``, ``/model_info``; before 0.5.6 only the ``/get_*`` names
+    "v1_loads": (8, None),  # ``/v1/loads``
+    "tokenize": (4, None),  # ``/tokenize``, ``/v1/tokenize``
+    # 0.5.3-0.5.10 accept ``extra_key``/``cache_salt`` but never pass them to the scheduler
+    "extra_key": (11, None),
+    # the plain radix cache counts hits from 0.5.10; earlier LFU evicts as LRU (0.5.1-2 have no LFU)
+    "lfu_hits": (10, None),
+    "zero_cached_tokens": (22, None),  # ``prompt_tokens_details: {"cached_tokens": 0}``; null before
+    "retractions": (5, 10),  # ``meta_info.total_retractions``
+    "output_delta": (1, 5),  # streamed ``/generate`` chunks carry only the new ``output_ids``
+}
 
 
 @dataclass(frozen=True)
@@ -27,40 +48,8 @@ class SGLangVersion:
     def __str__(self) -> str:
         return f"0.5.{self.minor}"
 
-    @property
-    def has_plain_info_routes(self) -> bool:
-        """``/server_info`` and ``/model_info``; before 0.5.6 only the ``/get_*`` names."""
-        return self.minor >= 6
+    def has(self, feature: Feature) -> bool:
+        """Whether this release has ``feature`` (see ``FEATURES``)."""
+        first, last = FEATURES[feature]
+        return first <= self.minor and (last is None or self.minor <= last)
 
-    @property
-    def has_v1_loads(self) -> bool:
-        return self.minor >= 8
-
-    @property
-    def has_tokenize(self) -> bool:
-        return self.minor >= 4
-
-    @property
-    def honours_extra_key(self) -> bool:
-        """0.5.3-0.5.10 accept ``extra_key``/``cache_salt`` but never pass them to the scheduler."""
-        return self.minor >= 11
-
-    @property
-    def lfu_counts_hits(self) -> bool:
-        """The plain radix cache counts hits from 0.5.10; earlier LFU evicts as LRU (0.5.1-2 have no LFU)."""
-        return self.minor >= 10
-
-    @property
-    def reports_zero_cached_tokens(self) -> bool:
-        """``prompt_tokens_details: {"cached_tokens": 0}`` from 0.5.22; null before."""
-        return self.minor >= 22
-
-    @property
-    def reports_retractions(self) -> bool:
-        """``meta_info.total_retractions`` in 0.5.5-0.5.10."""
-        return 5 <= self.minor <= 10
-
-    @property
-    def streams_output_delta(self) -> bool:
-        """Streamed ``/generate`` chunks carry only new ``output_ids`` before 0.5.6."""
-        return self.minor < 6

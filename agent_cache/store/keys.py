@@ -13,6 +13,7 @@ separator; session and template ids follow the last separator verbatim.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from urllib.parse import quote
 
@@ -31,81 +32,60 @@ def _quoted(tenant: str) -> str:  # a handful of tenants, quoted on every decisi
     return quote(tenant, safe="")
 
 
-def session(prefix: str, tenant: str, session_id: str) -> str:
-    return f"{tag(prefix)}:s:{member(tenant, session_id)}"
+def _tenant_key(suffix: str, doc: str = "") -> Callable[[str, str, str], str]:
+    """A key per tenant's session or template: ``{prefix}:<suffix>:<tenant>:<id>``."""
+
+    def key(prefix: str, tenant: str, ident: str) -> str:
+        return f"{tag(prefix)}:{suffix}:{member(tenant, ident)}"
+
+    key.__doc__ = doc
+    return key
 
 
-def template(prefix: str, tenant: str, template_id: str) -> str:
-    """Sorted set: worker -> last time it served the template (ms)."""
-    return f"{tag(prefix)}:t:{member(tenant, template_id)}"
+def _named_key(suffix: str, doc: str) -> Callable[[str, str], str]:
+    """A key per named thing (worker URL, router source): ``{prefix}:<suffix>:<name>``."""
+
+    def key(prefix: str, name: str) -> str:
+        return f"{tag(prefix)}:{suffix}:{name}"
+
+    key.__doc__ = doc
+    return key
 
 
-def template_stats(prefix: str, tenant: str, template_id: str) -> str:
-    return f"{tag(prefix)}:ts:{member(tenant, template_id)}"
+def _deployment_key(suffix: str, doc: str) -> Callable[[str], str]:
+    """The deployment's one key of its kind: ``{prefix}:<suffix>``."""
+
+    def key(prefix: str) -> str:
+        return f"{tag(prefix)}:{suffix}"
+
+    key.__doc__ = doc
+    return key
 
 
-def template_info(prefix: str, tenant: str, template_id: str) -> str:
-    return f"{tag(prefix)}:ti:{member(tenant, template_id)}"
+session = _tenant_key("s", "Hash: a pinned session's worker, epoch, cached-token history and footprint.")
+template = _tenant_key("t", "Sorted set: worker -> last time it served the template (ms).")
+template_stats = _tenant_key("ts", "Hash: prompt and cached token totals of the calls on the template.")
+template_info = _tenant_key("ti", "Hash: when the template was first seen and its token length.")
+template_sessions = _tenant_key("tis", "HyperLogLog of session ids that used the template (bounded memory).")
 
+worker = _named_key("w", "Hash: state, capacity, live session count, prompt and cached token totals.")
+lease = _named_key("lease", "Hash: worker URL -> calls one router (source) has in flight there.")
 
-def template_sessions(prefix: str, tenant: str, template_id: str) -> str:
-    """HyperLogLog of session ids that used the template (bounded memory)."""
-    return f"{tag(prefix)}:tis:{member(tenant, template_id)}"
-
-
-def worker(prefix: str, url: str) -> str:
-    """Hash: state, capacity, live session count, prompt and cached token totals."""
-    return f"{tag(prefix)}:w:{url}"
-
-
-def inflight(prefix: str) -> str:
-    """Hash: worker URL -> calls in flight (one read gives the whole pool's load)."""
-    return f"{tag(prefix)}:inflight"
-
-
-def leases(prefix: str) -> str:
-    """Sorted set: router source -> when its lease on its in-flight counts ends (ms)."""
-    return f"{tag(prefix)}:leases"
-
-
-def lease(prefix: str, source: str) -> str:
-    """Hash: worker URL -> calls one router (source) has in flight there."""
-    return f"{tag(prefix)}:lease:{source}"
-
-
-def kv_tokens(prefix: str) -> str:
-    """Hash: worker URL -> footprint, the KV tokens held by its live sessions (used within the live window)."""
-    return f"{tag(prefix)}:kv"
-
-
-def live_sessions(prefix: str) -> str:
-    """Hash: worker URL -> sessions counted in its footprint."""
-    return f"{tag(prefix)}:an"
-
-
-def live(prefix: str) -> str:
-    """Sorted set: every pinned session (tenant-namespaced) -> last use (ms); the route script expires from it."""
-    return f"{tag(prefix)}:live"
-
-
-def active(prefix: str) -> str:
-    """Sorted set: the sessions counted in a footprint -> last use (ms); quiet ones leave the count."""
-    return f"{tag(prefix)}:act"
-
-
-def workers_set(prefix: str) -> str:
-    return f"{tag(prefix)}:workers"
-
-
-def templates_in_use(prefix: str) -> str:
-    """Sorted set: template member -> last use (ms); members past the template retention are dropped."""
-    return f"{tag(prefix)}:tu"
-
-
-def outcomes(prefix: str) -> str:
-    return f"{tag(prefix)}:outcomes"
-
-
-def usage(prefix: str) -> str:
-    """Hash: ``uncached`` prompt tokens of every reported call, summed, and ``calls`` reported."""
-    return f"{tag(prefix)}:use"
+inflight = _deployment_key("inflight", "Hash: worker URL -> calls in flight (one read gives the whole pool's load).")
+leases = _deployment_key("leases", "Sorted set: router source -> when its lease on its in-flight counts ends (ms).")
+kv_tokens = _deployment_key(
+    "kv", "Hash: worker URL -> footprint, the KV tokens held by its live sessions (used within the live window)."
+)
+live_sessions = _deployment_key("an", "Hash: worker URL -> sessions counted in its footprint.")
+live = _deployment_key(
+    "live", "Sorted set: every pinned session (tenant-namespaced) -> last use (ms); the route script expires from it."
+)
+active = _deployment_key(
+    "act", "Sorted set: the sessions counted in a footprint -> last use (ms); quiet ones leave the count."
+)
+workers_set = _deployment_key("workers", "Set: the URL of every worker a session was ever pinned to.")
+templates_in_use = _deployment_key(
+    "tu", "Sorted set: template member -> last use (ms); members past the template retention are dropped."
+)
+outcomes = _deployment_key("outcomes", "Hash: routing outcome -> decisions that had it.")
+usage = _deployment_key("use", "Hash: ``uncached`` prompt tokens of every reported call, summed, and ``calls`` reported.")

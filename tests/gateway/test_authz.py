@@ -8,7 +8,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+from agent_cache.bench.realfleet import AgentCacheGateways
 from agent_cache.errors import RequestRejectedError
 from agent_cache.gateway.authz import OPERATOR, check_fields, choose_pool, hide_urls, shown_worker, worker_id
 from agent_cache.gateway.keys import ApiKey
@@ -27,12 +27,6 @@ sk-prio team-p allow=priority,lora_path
 def fleet() -> Iterator[SimFleet]:
     with SimFleet(3) as f:
         yield f
-
-
-@pytest.fixture
-def procs() -> Iterator[Processes]:
-    with Processes() as p:
-        yield p
 
 
 def test_keys_bind_pools_fields_endpoints_and_see_worker_ids(procs, fleet, redis_url, tmp_path):

@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -18,12 +18,6 @@ from agent_cache.sim import SimFleet
 from agent_cache.sim.fleet import ThreadedServer
 
 HOOKS = ["--extra-fields", "sim_fail_status,sim_whole_answer"]
-
-
-@pytest.fixture
-def procs() -> Iterator[Processes]:
-    with Processes() as p:
-        yield p
 
 
 def _gateway(procs: Processes, workers: list[str], redis_url: str, *args: str) -> str:

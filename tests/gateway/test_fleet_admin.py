@@ -29,12 +29,6 @@ REFRESH = "0.3"
 
 
 @pytest.fixture
-def procs() -> Iterator[Processes]:
-    with Processes() as p:
-        yield p
-
-
-@pytest.fixture
 def keys_file(tmp_path: Path) -> str:
     path = tmp_path / "keys"
     path.write_text("admin-key ops role=admin\nuser-key team\n")
@@ -185,42 +179,49 @@ def _dns_gateways(procs: Processes, answer: Path, target: str, *extra: str, coun
 
 LOOPBACK_ALIASES = pytest.mark.skipif(sys.platform != "linux",
                                       reason="binds 127.0.0.2 and 127.0.0.3 (all of 127/8 is loopback on Linux)")
+HOSTS = ("127.0.0.2", "127.0.0.3")
 
 
-@LOOPBACK_ALIASES
-def test_dns_discovery_adds_new_addresses_and_drains_removed_ones(procs, tmp_path):
-    hosts = ["127.0.0.2", "127.0.0.3"]
-    port = _port_on(*hosts)
-    sims = [SimWorkerThread(host=h, port=port) for h in hosts]
+@pytest.fixture
+def pods() -> Iterator[int]:
+    """Two simulated workers, one on each of ``HOSTS``, on the port this yields: a headless Service's pods."""
+    port = _port_on(*HOSTS)
+    sims = [SimWorkerThread(host=h, port=port) for h in HOSTS]
     for s in sims:
         s.start()
     try:
-        answer = tmp_path / "hosts"
-        answer.write_text(f"{hosts[0]} sglang.inference.svc.cluster.local\n")
-        (gw,) = _dns_gateways(procs, answer, f"sglang.inference.svc.cluster.local:{port}")
-        a, b = (f"http://{h}:{port}" for h in hosts)
-        assert _listed(gw, {}) == {a: {"id": a, "url": a, "worker_type": "regular", "connection_mode": "http",
-                                      "is_healthy": True, "load": 0, "pool": "default", "state": "up",
-                                      "source": "dns"}}
-        r = _chat(gw, "dns-1", [{"role": "user", "content": "hello"}], {})
-        assert r.status_code == 200 and r.headers["x-agent-cache-worker"] == a
-
-        answer.write_text(f"{hosts[0]} sglang.inference.svc.cluster.local\n{hosts[1]} sglang.inference.svc.cluster.local\n")
-        _eventually(lambda: set(_listed(gw, {})) == {a, b}, "the new address joins")
-
-        answer.write_text(f"{hosts[1]} sglang.inference.svc.cluster.local\n")  # the first pod went away
-        _eventually(lambda: _listed(gw, {}).get(a, {}).get("state") != "up", "the removed address drains")
-        r = _chat(gw, "dns-1", [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
-                                {"role": "user", "content": "again"}], {})
-        assert r.status_code == 200 and r.headers["x-agent-cache-worker"] == b  # the pinned session moved
-        _eventually(lambda: set(_listed(gw, {})) == {b}, "the drained address is removed")
-
-        answer.write_text("")  # the name no longer resolves: nothing changes
-        time.sleep(1.0)
-        assert set(_listed(gw, {})) == {b}
+        yield port
     finally:
         for s in sims:
             s.stop()
+
+
+@LOOPBACK_ALIASES
+def test_dns_discovery_adds_new_addresses_and_drains_removed_ones(procs, tmp_path, pods):
+    hosts, port = HOSTS, pods
+    answer = tmp_path / "hosts"
+    answer.write_text(f"{hosts[0]} sglang.inference.svc.cluster.local\n")
+    (gw,) = _dns_gateways(procs, answer, f"sglang.inference.svc.cluster.local:{port}")
+    a, b = (f"http://{h}:{port}" for h in hosts)
+    assert _listed(gw, {}) == {a: {"id": a, "url": a, "worker_type": "regular", "connection_mode": "http",
+                                  "is_healthy": True, "load": 0, "pool": "default", "state": "up",
+                                  "source": "dns"}}
+    r = _chat(gw, "dns-1", [{"role": "user", "content": "hello"}], {})
+    assert r.status_code == 200 and r.headers["x-agent-cache-worker"] == a
+
+    answer.write_text(f"{hosts[0]} sglang.inference.svc.cluster.local\n{hosts[1]} sglang.inference.svc.cluster.local\n")
+    _eventually(lambda: set(_listed(gw, {})) == {a, b}, "the new address joins")
+
+    answer.write_text(f"{hosts[1]} sglang.inference.svc.cluster.local\n")  # the first pod went away
+    _eventually(lambda: _listed(gw, {}).get(a, {}).get("state") != "up", "the removed address drains")
+    r = _chat(gw, "dns-1", [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
+                            {"role": "user", "content": "again"}], {})
+    assert r.status_code == 200 and r.headers["x-agent-cache-worker"] == b  # the pinned session moved
+    _eventually(lambda: set(_listed(gw, {})) == {b}, "the drained address is removed")
+
+    answer.write_text("")  # the name no longer resolves: nothing changes
+    time.sleep(1.0)
+    assert set(_listed(gw, {})) == {b}
 
 
 def test_a_drained_worker_stays_until_its_call_in_flight_ends(procs):
@@ -264,26 +265,18 @@ def test_with_redis_away_each_replica_keeps_its_workers_and_calls_go_on(procs, r
 
 
 @LOOPBACK_ALIASES
-def test_replicas_discovering_the_same_name_agree_through_redis(procs, tmp_path, redis_url):
-    hosts = ["127.0.0.2", "127.0.0.3"]
-    port = _port_on(*hosts)
-    sims = [SimWorkerThread(host=h, port=port) for h in hosts]
-    for s in sims:
-        s.start()
-    try:
-        answer = tmp_path / "hosts"
-        answer.write_text(f"{hosts[0]} sglang\n")
-        replicas = _dns_gateways(procs, answer, f"sglang:{port}", "--redis", redis_url, "--prefix",
-                                 f"dns-{uuid.uuid4().hex[:8]}", count=2)
-        a, b = (f"http://{h}:{port}" for h in hosts)
-        answer.write_text(f"{hosts[0]} sglang\n{hosts[1]} sglang\n")
-        for gw in replicas:
-            _eventually(lambda gw=gw: set(_listed(gw, {})) == {a, b}, "both replicas see the new address")
-        answer.write_text(f"{hosts[1]} sglang\n")
-        for gw in replicas:
-            _eventually(lambda gw=gw: set(_listed(gw, {})) == {b}, "both replicas drop the removed address")
-            r = _chat(gw, f"dns-{gw[-5:]}", [{"role": "user", "content": "hello"}], {})
-            assert r.status_code == 200 and r.headers["x-agent-cache-worker"] == b
-    finally:
-        for s in sims:
-            s.stop()
+def test_replicas_discovering_the_same_name_agree_through_redis(procs, tmp_path, redis_url, pods):
+    hosts, port = HOSTS, pods
+    answer = tmp_path / "hosts"
+    answer.write_text(f"{hosts[0]} sglang\n")
+    replicas = _dns_gateways(procs, answer, f"sglang:{port}", "--redis", redis_url, "--prefix",
+                             f"dns-{uuid.uuid4().hex[:8]}", count=2)
+    a, b = (f"http://{h}:{port}" for h in hosts)
+    answer.write_text(f"{hosts[0]} sglang\n{hosts[1]} sglang\n")
+    for gw in replicas:
+        _eventually(lambda gw=gw: set(_listed(gw, {})) == {a, b}, "both replicas see the new address")
+    answer.write_text(f"{hosts[1]} sglang\n")
+    for gw in replicas:
+        _eventually(lambda gw=gw: set(_listed(gw, {})) == {b}, "both replicas drop the removed address")
+        r = _chat(gw, f"dns-{gw[-5:]}", [{"role": "user", "content": "hello"}], {})
+        assert r.status_code == 200 and r.headers["x-agent-cache-worker"] == b

@@ -42,12 +42,6 @@ def _private_redis(redis_url: str) -> None:
     REDIS = redis_url
 
 
-@pytest.fixture
-def procs() -> Iterator[Processes]:
-    with Processes() as p:
-        yield p
-
-
 def _gateway(procs: Processes, fleet: SimFleet, *args: str, count: int = 1, redis_url: str | None = None,
              prefix: str | None = None) -> AgentCacheGateways:
     redis_url = redis_url or REDIS  # default: the suite's private Redis

@@ -27,12 +27,6 @@ def fleet() -> Iterator[SimFleet]:
         yield f
 
 
-@pytest.fixture
-def procs() -> Iterator[Processes]:
-    with Processes() as p:
-        yield p
-
-
 def _gateway(procs: Processes, fleet: SimFleet, *args: str) -> str:
     return AgentCacheGateways(procs, fleet.urls, args=list(args)).urls[0]
 

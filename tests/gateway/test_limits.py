@@ -25,12 +25,6 @@ def fleet() -> Iterator[SimFleet]:
         yield f
 
 
-@pytest.fixture
-def procs() -> Iterator[Processes]:
-    with Processes() as p:
-        yield p
-
-
 def _replicas(procs: Processes, fleet: SimFleet, redis_url: str, keys: str, tmp_path) -> list[str]:
     path = tmp_path / "keys"
     path.write_text(keys)

@@ -11,22 +11,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import Proc, Processes
+from agent_cache.bench.realfleet import Proc
 from tests.conftest import free_port
 
 SYSTEM = "You are a careful research agent. " * 40
 BANNER = re.compile(r"agent-cache gateway on http://127\.0\.0\.1:(\d+) ")
-
-
-@pytest.fixture
-def procs() -> Iterator[Processes]:
-    with Processes() as p:
-        yield p
 
 
 def _log(proc: Proc) -> str:

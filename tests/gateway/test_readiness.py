@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -17,12 +17,6 @@ from agent_cache.sim import SimFleet
 from tests.conftest import free_port
 
 PROBE_WAIT = 20.0  # the gateway probes its workers every 5 s; a state change shows within one or two rounds
-
-
-@pytest.fixture
-def procs() -> Iterator[Processes]:
-    with Processes() as p:
-        yield p
 
 
 def _serve(procs: Processes, *args: str) -> str:

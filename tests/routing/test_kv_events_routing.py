@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import time
 import uuid
 
 import httpx
 import pytest
 
+from agent_cache.bench.realfleet import free_port
 from agent_cache.kv_events import KVEventBatch
 from agent_cache.routing.kv_indexer import EventSource, KvIndexer, parse_sources
 from agent_cache.routing.kv_state import KvState
@@ -108,15 +108,8 @@ def test_exact_holders_replace_the_placed_once_marks(backend: str, request: pyte
         assert _route_new(plain, "t") == first  # without events: the mark decides, as before
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def test_the_indexer_follows_a_sim_worker_and_its_restart() -> None:
-    pub, replay = _free_port(), _free_port()
+    pub, replay = free_port(), free_port()
     config = {"publisher": "zmq", "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
     worker = SimWorkerThread(WorkerOptions(time_scale=0.0, kv_events_config=json.dumps(config)))
     worker.start()

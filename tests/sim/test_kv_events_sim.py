@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import time
 from typing import Any, Optional, Union
 
@@ -19,6 +18,7 @@ import msgspec
 import pytest
 import zmq
 
+from agent_cache.bench.realfleet import free_port
 from agent_cache.kv_events import (
     AllBlocksCleared as OurCleared,
     BlockRemoved as OurRemoved,
@@ -63,13 +63,6 @@ class KVEventBatch(EventBatch):
 
 
 DECODER = msgspec.msgpack.Decoder(type=KVEventBatch)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # --- the bytes -------------------------------------------------------------------------------------------
@@ -186,7 +179,7 @@ def test_a_running_sim_worker_publishes_sglang_frames_an_independent_subscriber_
     sub.setsockopt(zmq.SUBSCRIBE, b"kv")
     sub.bind("tcp://127.0.0.1:*")  # workers connect to the subscriber (SGLang connects when there is no '*')
     endpoint = sub.getsockopt_string(zmq.LAST_ENDPOINT)
-    replay = f"tcp://127.0.0.1:{_free_port()}"
+    replay = f"tcp://127.0.0.1:{free_port()}"
     config = {"publisher": "zmq", "endpoint": endpoint, "topic": "kv", "replay_endpoint": replay}
     worker = SimWorkerThread(WorkerOptions(time_scale=0.0, page_size=4, kv_events_config=json.dumps(config)))
     worker.start()

@@ -123,14 +123,14 @@ def test_health_under_load_answers_in_a_second_without_queueing_a_request() -> N
         deadline = time.monotonic() + 10
         while engine.model.num_running == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-        requests_before = engine.counters.requests
+        requests_before = engine.model.counters.requests
         t0 = time.monotonic()
         status = httpx.get(f"{url}/health", timeout=30).status_code
         took = time.monotonic() - t0
         queued_during = engine.model.num_waiting
         for t in threads:
             t.join()
-        total = engine.counters.requests
+        total = engine.model.counters.requests
     assert status == 200
     # first check after 1 s (scaled), not after the ~1.8 s of queued prefill ahead of a real probe
     assert 0.9 * scale <= took < 3.0 * scale
@@ -142,7 +142,7 @@ def test_health_on_an_idle_worker_runs_a_one_token_generation() -> None:
     """http_server.py:427-450: with nothing running, the one-token request goes through the scheduler."""
     with SimFleet(1, time_scale=0.1) as fleet:
         assert httpx.get(f"{fleet.urls[0]}/health", timeout=10).status_code == 200
-        assert fleet.engine(0).counters.requests == 1
+        assert fleet.engine(0).model.counters.requests == 1
 
 
 def test_latency_profiles_bound_the_default_and_flags_override_them() -> None:

@@ -50,7 +50,7 @@ def test_smg_registers_and_routes_to_two_simulated_workers(free_port_factory, tm
                 assert result.usage and result.usage.completion_tokens == 4
             chunks = list(client.stream_chat([{"role": "user", "content": "streamed through the gateway"}], max_tokens=5, model="sim-llama-3.1-8b"))
             assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
-            served = [fleet.engine(i).counters.requests for i in range(2)]
+            served = [fleet.engine(i).model.counters.requests for i in range(2)]
             assert sum(served) == 13
             assert min(served) > 0, f"smg sent everything to one worker: {served}"
         finally:

@@ -82,8 +82,8 @@ def test_eviction_under_small_capacity() -> None:
         # only the "<|im_start|>user\n" header that b shares is still cached
         assert miss.usage and miss.usage.cached_tokens == 1 + _n("user\n")
         engine = fleet.engine(0)
-        assert engine.cache.total_tokens <= 200
-        assert engine.cache.evicted_tokens > 0
+        assert engine.model.cache.total_tokens <= 200
+        assert engine.model.cache.evicted_tokens > 0
 
 
 def test_extra_key_isolates_tenants(worker: str) -> None:

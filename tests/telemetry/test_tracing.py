@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("opentelemetry.proto")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
 
-from agent_cache.bench.realfleet import Processes, wait_until  # noqa: E402
+from agent_cache.bench.realfleet import wait_until  # noqa: E402
 from agent_cache.sim.fleet import ThreadedServer  # noqa: E402
 from agent_cache.sim.server import SimServer, WorkerOptions  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
@@ -26,12 +26,6 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 SYSTEM = "You are a careful research agent. " * 40
 CLIENT = 3  # SpanKind CLIENT in OTLP
-
-
-@pytest.fixture
-def procs() -> Iterator[Processes]:
-    with Processes() as p:
-        yield p
 
 
 @pytest.fixture
