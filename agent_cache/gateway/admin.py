@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from agent_cache.errors import ConfigError, RequestRejectedError, StoreError
 from agent_cache.gateway.keys import ApiKey
-from agent_cache.gateway.responses import JSONResponse
+from agent_cache.gateway.responses import JSONResponse, bounded
 from agent_cache.routing.config import parse_worker
 from agent_cache.routing.discovery import parse_targets
 from agent_cache.routing.fleet import (
@@ -55,7 +55,7 @@ def fleet_for(redis_url: str | None, prefix: str, router: Router, config: FleetC
 
 
 def _error(status: int, message: str, code: str) -> JSONResponse:
-    return JSONResponse({"error": message, "code": code}, status_code=status)
+    return JSONResponse({"error": bounded(message), "code": code}, status_code=status)
 
 
 def _loopback(host: str | None) -> bool:
@@ -128,7 +128,7 @@ class Admin:
         body = await request.body()
         try:
             data = json.loads(body) if len(body) <= MAX_ADMIN_BODY else None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: JSON nested past the parser's stack
             data = None
         if not isinstance(data, dict) or not isinstance(data.get("url"), str):
             return _error(400, 'expected a JSON object {"url": ..., "pool": ...}', "BAD_REQUEST")

@@ -52,7 +52,7 @@ from agent_cache.gateway.readiness import ready_response
 from agent_cache.gateway.asgi import Once, within
 from agent_cache.gateway.forward import SESSION_HEADER, WORKER_HEADER, Forward
 from agent_cache.gateway.requests import CHAT, COMPLETIONS, GENERATE, find_session, parse_json_body, prepare
-from agent_cache.gateway.responses import JSONResponse
+from agent_cache.gateway.responses import JSONResponse, bounded
 from agent_cache.routing.conversation import conversation_session
 from agent_cache.routing.router import Router
 from agent_cache.telemetry import tracing
@@ -97,7 +97,9 @@ def error_response(status: int, message: str, *, param: str | None = None, code:
         kind = "authentication_error"
     elif status == 429:
         kind = "rate_limit_error"
-    body = {"error": {"message": authz.hide_urls(message), "type": kind, "param": param, "code": code}}
+    # bounded: an error may quote the request (a field's value or name), which need not come back whole
+    message, param = bounded(authz.hide_urls(message)), None if param is None else bounded(param)
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 

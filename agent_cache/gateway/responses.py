@@ -8,6 +8,14 @@ from starlette import responses
 
 from agent_cache.calls.jsonio import dumps_printable
 
+MAX_ERROR_TEXT = 1000  # characters of an error message or field name quoted back
+
+
+def bounded(text: str) -> str:
+    """``text`` cut to :data:`MAX_ERROR_TEXT` characters: an error may quote the request (a field's
+    value or name), which need not come back whole."""
+    return text if len(text) <= MAX_ERROR_TEXT else f"{text[:MAX_ERROR_TEXT]}... ({len(text)} characters)"
+
 
 class JSONResponse(responses.JSONResponse):
     """Starlette's JSON answer that cannot fail on what it quotes: an error naming a field the caller

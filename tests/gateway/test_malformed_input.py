@@ -109,3 +109,22 @@ def test_bad_worker_urls_are_refused_and_the_fleet_view_keeps_answering(gateway,
             assert gone.status_code in (400, 404), gone.text
         listing = client.get(gateway + "/workers", headers=ADMIN)
     assert listing.status_code == 200 and listing.json()["total"] == 2, listing.text
+
+
+def test_errors_quote_the_request_bounded(gateway):
+    """A megabyte-long value or name in a refused request is not sent back whole."""
+    huge = "r" * 1_000_000
+    bodies = [{**CHAT, "messages": [{"role": huge, "content": "x"}]}, {**CHAT, huge: 1},
+              {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
+               "tool_choice": {"type": "function", "function": {"name": huge}}}]
+    with httpx.Client(timeout=30) as client:
+        for body in bodies:
+            r = client.post(gateway + "/v1/chat/completions", content=_raw(body), headers=USER)
+            assert 400 <= r.status_code < 500 and len(r.content) < 5000, (r.status_code, len(r.content))
+        r = client.delete(gateway + "/workers/" + quote("http://x:1/" + "p" * 10_000, safe=""), headers=ADMIN)
+        assert r.status_code in (400, 404) and len(r.content) < 5000, (r.status_code, len(r.content))
+
+
+def test_admin_body_nested_past_the_parser_is_a_400(gateway):
+    r = httpx.post(gateway + "/workers", content=b"[" * 60_000, headers=ADMIN, timeout=30)
+    assert r.status_code == 400, r.text
