@@ -23,6 +23,13 @@ parsers are wrapped here alike, at the bytes they are fed:
   as before, but once more than half the open-file limit are open, each new
   connection closes the idle one that has waited longest (as nginx reclaims
   kept-alive connections when it runs out), which HTTP clients expect.
+- **requests sent ahead**: httptools parses every request in a read at
+  once and queues those sent before the previous answer; a connection with
+  more than ``MAX_PIPELINED`` queued is closed (256 KB of pipelined
+  ``GET /health`` had queued 10,000 request objects per connection).
+- **answers not read**: an answer whose bytes wait ``send_timeout`` seconds
+  for the client to read any of them (the socket's buffer full) ends the
+  connection, as nginx's ``send_timeout`` does.
 """
 
 from __future__ import annotations
@@ -45,22 +52,27 @@ DEFAULT_MAX_COUNT = 100
 DEFAULT_MAX_LINE = 16 * 1024
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_MAX_PENDING = 1024
+DEFAULT_SEND_TIMEOUT = 60.0  # nginx's send_timeout
+MAX_PIPELINED = 16  # requests a connection may send ahead of their answers before it is closed
 
 
 _FLAGS = {"max_bytes": "--max-header-bytes", "max_count": "--max-header-count", "max_line": "--max-header-line",
-          "timeout": "--header-timeout", "max_pending": "--max-pending-connections"}
+          "timeout": "--header-timeout", "max_pending": "--max-pending-connections",
+          "send_timeout": "--send-timeout"}
 
 
 @dataclass(frozen=True)
 class HeaderLimits:
     """What one request's headers may take: bytes in all, header lines, bytes per line (the request
-    line included), seconds to arrive; and how many connections may wait for theirs at once."""
+    line included), seconds to arrive; how many connections may wait for theirs at once; and how
+    long an answer may wait for the client to read it."""
 
     max_bytes: int = DEFAULT_MAX_BYTES
     max_count: int = DEFAULT_MAX_COUNT
     max_line: int = DEFAULT_MAX_LINE
     timeout: float = DEFAULT_TIMEOUT
     max_pending: int = DEFAULT_MAX_PENDING
+    send_timeout: float = DEFAULT_SEND_TIMEOUT
 
     def __post_init__(self) -> None:
         for name, flag in _FLAGS.items():
@@ -82,13 +94,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-pending-connections", type=int, default=DEFAULT_MAX_PENDING,
                         help="connections waiting for their request headers at once; one more closes the one "
                              "waiting longest (default %(default)s, at most a quarter of the open-file limit)")
+    parser.add_argument("--send-timeout", type=float, default=DEFAULT_SEND_TIMEOUT,
+                        help="seconds an answer may wait for the client to read any of it before the "
+                             "connection is closed (default %(default)s)")
 
 
 def from_args(args: argparse.Namespace) -> HeaderLimits:
     """The limits the flags of :func:`add_arguments` give (``ConfigError`` naming a bad one)."""
     return HeaderLimits(max_bytes=args.max_header_bytes, max_count=args.max_header_count,
                         max_line=args.max_header_line, timeout=args.header_timeout,
-                        max_pending=args.max_pending_connections)
+                        max_pending=args.max_pending_connections, send_timeout=args.send_timeout)
 
 
 def raise_open_file_limit() -> int:
@@ -188,6 +203,7 @@ class _Guard:
         self.tail = b""  # the last bytes of them: the blank line may span two reads
         self.phase_cycle: Any = None  # the cycle when the wait for headers began
         self.timer: asyncio.TimerHandle | None = None
+        self.write_timer: asyncio.TimerHandle | None = None
         self.closed = False
 
     def start(self) -> None:
@@ -252,6 +268,24 @@ class _Guard:
             self.evict()  # never said a word
         else:
             self.refuse(408, f"request headers did not arrive within {self.limits.timeout:g} s", "request_timeout")
+
+    def write_stalled(self) -> None:
+        """The answer's bytes wait for the client to read them: past ``send_timeout`` without it
+        reading, the connection goes (nginx's ``send_timeout``)."""
+        if self.write_timer is None and not self.closed:
+            self.write_timer = self.loop.call_later(self.limits.send_timeout, self._never_read)
+
+    def write_resumed(self) -> None:
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
+
+    def _never_read(self) -> None:
+        self.write_timer = None
+        self.stop()
+        self.pending.busy(self)
+        self.closed = True
+        self.transport.abort()  # close() would wait for the unread bytes to be sent
 
     def evict(self) -> None:
         """Close the connection without an answer (it waited too long, or the cap needs its place)."""
@@ -375,6 +409,21 @@ def _make(base: type[Any]) -> type[Any]:
             before = self.cycle
             super().data_received(data)
             guard.fed(data, before)
+            # httptools parses a whole read: requests sent ahead of their answers queue up, each a
+            # request object (10,000 in 256 KB of "GET /health"); a client that sends more than a
+            # few ahead is not one that reads its answers
+            if len(getattr(self, "pipeline", ())) > MAX_PIPELINED:
+                guard.evict()
+
+        def pause_writing(self) -> None:  # the client reads its answers slower than they come
+            super().pause_writing()
+            if self.guard is not None:
+                self.guard.write_stalled()
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self.guard is not None:
+                self.guard.write_resumed()
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
     return Guarded

@@ -275,3 +275,56 @@ def test_session_ids_in_headers_are_utf8_and_echoes_bounded(procs, fleet):
         assert r.status_code == 200 and echoed.startswith("sha256:") and len(echoed) == 71
         r = client.post(url, json=BODY, headers=[(b"x-session-id", long_id[:5_000].encode())])
         assert r.status_code == 200 and len(r.headers["x-agent-cache-session"]) == 71
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_requests_sent_ahead_of_unread_answers_hold_no_memory(procs, fleet, http):
+    """100 connections each send 256 KB of pipelined requests (10,922 of them) and read nothing:
+    before the cap httptools queued every one (458 MB -> 2,754 MB)."""
+    gw = AgentCacheGateways(procs, fleet.urls, args=["--http", http])
+    pid, port = gw.procs[0].pid, _port(gw.urls[0])
+    assert httpx.get(gw.urls[0] + "/health", timeout=10).status_code == 200
+    before = _rss_mb(pid)
+    one = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+    socks = []
+    try:
+        for _ in range(100):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.settimeout(5)
+            try:
+                s.sendall(one * (256 * 1024 // len(one)))
+            except OSError:  # closed by the gateway
+                pass
+            socks.append(s)
+        time.sleep(2)
+        grown = _rss_mb(pid) - before
+        started = time.monotonic()
+        assert httpx.get(gw.urls[0] + "/health", timeout=10).status_code == 200
+        assert time.monotonic() - started < 2
+    finally:
+        for s in socks:
+            s.close()
+    assert grown < 60, f"RSS grew {grown:.0f} MB"
+
+
+def test_an_answer_never_read_ends_its_connection(procs, fleet):
+    """A stream whose reader reads nothing: the connection goes after --send-timeout, its call ends."""
+    gw = _gateway(procs, fleet, "--send-timeout", "2")
+    body = json.dumps({**BODY, "max_tokens": 60_000, "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", _port(gw))) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.sendall(HEAD + b"content-length: %d\r\n\r\n" % len(body) + body)
+        wait_until(lambda: httpx.get(gw + "/health", timeout=5).json()["inflight"] == 1, [], "the call", timeout=20)
+        time.sleep(1)
+        # nothing read: once the buffers are full the gateway waits 2 s, then drops the connection
+        wait_until(lambda: httpx.get(gw + "/health", timeout=5).json()["inflight"] == 0, [], "the call to end",
+                   timeout=30)
+        s.settimeout(5)
+        got = 0
+        try:
+            while chunk := s.recv(1 << 20):
+                got += len(chunk)
+        except (ConnectionResetError, socket.timeout):
+            pass
+    assert got < 60_000 * 50, got  # cut off: far fewer bytes than the whole stream's
