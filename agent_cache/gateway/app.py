@@ -14,6 +14,7 @@ by event; a whole answer is assembled from the worker's stream
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -65,6 +66,7 @@ POOL_HEADER = authz.POOL_HEADER
 _NO_KEY = authz.OPERATOR  # without API keys: one caller, allowed everything
 _PROMPT_FIELD = {CHAT: "messages", COMPLETIONS: "prompt", GENERATE: "text"}
 BODY_TIMEOUT = 60.0  # seconds a client may take to send its request body
+INLINE_BODY_BYTES = 64 * 1024  # a larger body is prepared on a thread (a few ms of CPU and more)
 
 
 class _Metrics:
@@ -175,7 +177,7 @@ class Gateway:
                                        code="invalid_api_key")
         return grant
 
-    async def read_body(self, request: Request) -> tuple[dict[str, Any], bool]:
+    async def read_body(self, request: Request) -> bytes:
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -186,7 +188,7 @@ class Gateway:
             if size > limit:
                 raise RequestRejectedError(413, f"request body larger than {limit} bytes", code="body_too_large")
             chunks.append(chunk)
-        return parse_json_body(b"".join(chunks))
+        return b"".join(chunks)
 
     def _admit(self) -> None:
         if self.inflight >= self.config.max_concurrency:
@@ -234,10 +236,20 @@ class Gateway:
         tracing.continue_incoming(request.headers)  # the caller's traceparent parents the call's span
         grant = self.authorize(request)
         try:
-            body, checked = await within(BODY_TIMEOUT, self.read_body(request))
+            raw = await within(BODY_TIMEOUT, self.read_body(request))
         except asyncio.TimeoutError:
             raise RequestRejectedError(408, f"the request body did not arrive within {BODY_TIMEOUT:g} s",
                                        code="request_timeout") from None
+        work = functools.partial(self._prepared, request, path, grant, raw)
+        # a large body's parsing, checks and templating take seconds of CPU (20 MB: up to 15 s): off
+        # the event loop, so every other call, deadline and health probe goes on meanwhile
+        call = work() if len(raw) <= INLINE_BODY_BYTES else await asyncio.to_thread(work)
+        await self.limits.admit(grant)  # last: a request refused for another reason is not counted
+        return call, grant
+
+    def _prepared(self, request: Request, path: str, grant: ApiKey, raw: bytes) -> Call:
+        """A read body made a :class:`Call`: CPU alone, on the event loop or a thread."""
+        body, checked = parse_json_body(raw)
         infer: Callable[[], str] | None = None
         if path == CHAT and self.config.infer_sessions and isinstance(body.get("messages"), list):
             messages = body["messages"]
@@ -245,13 +257,11 @@ class Gateway:
                 infer = lambda: conversation_session(messages)  # noqa: E731 - computed only when needed
         session = find_session(request.headers, self.config.session_header, body, infer)
         authz.check_fields(grant, body)
-        call = prepare(path, body, grant=grant, extra_key=self.router.extra_key_for(grant.tenant), session=session,
+        return prepare(path, body, grant=grant, extra_key=self.router.extra_key_for(grant.tenant), session=session,
                        templater=self.templater(grant.tenant) if path == CHAT else None,
                        pool=authz.choose_pool(grant, request.headers.get(POOL_HEADER)),
                        extra_fields=self.config.extra_fields, shared=self.config.api_keys is not None,
                        checked_json=checked)
-        await self.limits.admit(grant)  # last: a request refused for another reason is not counted
-        return call, grant
 
     # --- the gateway's own endpoints --------------------------------------------------
 

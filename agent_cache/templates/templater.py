@@ -6,6 +6,7 @@ import enum
 import hashlib
 import json
 import re
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -171,6 +172,7 @@ class Templater:
         self.tenant = tenant
         self._freeze_capacity = freeze_capacity
         self._frozen: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
+        self._lock = threading.Lock()
         self._extracted: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, dict[str, str]]] = OrderedDict()
         # (canonical?, the tools as orjson writes them) -> (tools as sent, their JSON): an agent sends
         # the same tools on every call, so they are checked, rebuilt and written once
@@ -280,14 +282,15 @@ class Templater:
         tid, tokens = self._identify(templates, head)
         if self.freeze_values and session_id is not None and values:
             key = (session_id, tid)
-            frozen = self._frozen.get(key)
-            if frozen is not None and frozen.keys() == values.keys():
-                self._frozen.move_to_end(key)
-                values = dict(frozen)
-            else:
-                self._frozen[key] = dict(values)
-                while len(self._frozen) > self._freeze_capacity:
-                    self._frozen.popitem(last=False)
+            with self._lock:  # calls of one templater may run on several threads (the gateway, LangChain's batch)
+                frozen = self._frozen.get(key)
+                if frozen is not None and frozen.keys() == values.keys():
+                    self._frozen.move_to_end(key)
+                    values = dict(frozen)
+                else:
+                    self._frozen[key] = dict(values)
+                    while len(self._frozen) > self._freeze_capacity:
+                        self._frozen.popitem(last=False)
         rest = msgs[lead:]
         if values:
             ctx = _render_context(values)
@@ -350,11 +353,15 @@ class Templater:
         key = (text, tuple(sorted(vars_.items())))
         hit = self._extracted.get(key)
         if hit is None:
-            hit = self._extracted[key] = extract_volatile(text, vars_)
-            if len(self._extracted) > 1024:
-                self._extracted.popitem(last=False)
+            hit = extract_volatile(text, vars_)
+            with self._lock:
+                self._extracted[key] = hit
+                if len(self._extracted) > 1024:
+                    self._extracted.popitem(last=False)
         else:
-            self._extracted.move_to_end(key)
+            with self._lock:
+                if key in self._extracted:
+                    self._extracted.move_to_end(key)
         return hit[0], dict(hit[1])
 
 
