@@ -34,7 +34,10 @@ class _Steps:
         self.deadlines = deadlines
         # the first attempt waits the worker's adaptive deadline (a hung worker is left after a few
         # of its usual times to first byte); a retry waits ``cap``, so a slow prompt still gets its answer
-        self.wait = deadlines.deadline(self.worker, cap) if first_attempt else cap
+        self.size = len(call.body)
+        # a call larger than the worker's recent ones, or behind others still in their prefill, waits longer
+        ahead = deadlines.waiting(self.worker, self.size)
+        self.wait = deadlines.deadline(self.worker, cap, ahead) if first_attempt else cap
         # a whole answer where a stream was asked is an answer when the caller wants the whole answer
         self.reader = EventReader(self.worker, call.path, call.include_usage, whole_ok=whole_ok)
         self.started = time.monotonic()
@@ -42,9 +45,15 @@ class _Steps:
 
     def line(self, line: bytes) -> Event | None:
         if self.first:
-            self.deadlines.observe(self.worker, time.monotonic() - self.started)
-            self.first = False
+            self.deadlines.observe(self.worker, time.monotonic() - self.started, self.size)
+            self.done()
         return self.checked(self.reader.feed(line))
+
+    def done(self) -> None:
+        """No longer waiting for the first byte (it came, or the attempt ended)."""
+        if self.first:
+            self.first = False
+            self.deadlines.answered(self.worker, self.size)
 
     def checked(self, event: Event | None) -> Event | None:
         if event is not None and not self.attempt.delivered and (error := event.error()) is not None:
@@ -64,10 +73,13 @@ async def astream(transport: WorkerTransport, call: Call, attempt: Attempt, *, d
     ``whole_ok``: see :class:`~agent_cache.calls.reader.EventReader`."""
     steps = _Steps(call, attempt, deadlines, cap, first_attempt, whole_ok)
     lines = transport.stream(steps.worker, call.path, call.body, first_byte_timeout=steps.wait, early=early)
-    async with contextlib.aclosing(lines):  # type: ignore[type-var]  # a failed attempt closes its connection
-        async for line in lines:
-            if (event := steps.line(line)) is not None:
-                yield event
+    try:
+        async with contextlib.aclosing(lines):  # type: ignore[type-var]  # a failed attempt closes its connection
+            async for line in lines:
+                if (event := steps.line(line)) is not None:
+                    yield event
+    finally:
+        steps.done()
     if (event := steps.end()) is not None:
         yield event
 
@@ -77,9 +89,12 @@ def stream(transport: SyncWorkerTransport, call: Call, attempt: Attempt, *, dead
     """Sync :func:`astream`."""
     steps = _Steps(call, attempt, deadlines, cap, first_attempt)
     lines = transport.stream(steps.worker, call.path, call.body, first_byte_timeout=steps.wait)
-    with contextlib.closing(lines):  # type: ignore[type-var]
-        for line in lines:
-            if (event := steps.line(line)) is not None:
-                yield event
+    try:
+        with contextlib.closing(lines):  # type: ignore[type-var]
+            for line in lines:
+                if (event := steps.line(line)) is not None:
+                    yield event
+    finally:
+        steps.done()
     if (event := steps.end()) is not None:
         yield event

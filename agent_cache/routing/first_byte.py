@@ -7,6 +7,14 @@ time to first token instead: ``factor`` times its 95th percentile over the
 last ``window`` streamed calls, never under ``floor``, never over the
 caller's own timeout. Until a worker has ``min_samples`` calls, the caller's
 timeout applies unchanged.
+
+A call larger than the worker's recent ones (its body's bytes, and those of
+the calls sent to the worker before it that still wait for their first
+byte, against the 95th percentile of recent calls' bytes) gets a deadline
+larger in proportion: a long prompt's prefill, its own or one queued ahead
+of it, is not a sign that the worker hung (a 100,000-token prompt, about
+6 s to its first token, had missed a deadline learned from short calls,
+been retried elsewhere and counted against every worker it tried).
 """
 
 from __future__ import annotations
@@ -36,26 +44,45 @@ class FirstByteDeadlines:
         self.factor = float(factor)
         self._window = window
         self._min_samples = min_samples
-        self._samples: dict[str, deque[float]] = {}
+        self._samples: dict[str, deque[tuple[float, int]]] = {}  # (seconds to first byte, call bytes)
+        self._waiting: dict[str, int] = {}  # worker -> bytes of its calls sent and not yet answered
         self._lock = threading.Lock()
 
-    def observe(self, worker: str, seconds: float) -> None:
-        """A streamed call on ``worker`` produced its first token ``seconds`` after it was sent."""
+    def observe(self, worker: str, seconds: float, size: int = 0) -> None:
+        """A streamed call of ``size`` bytes on ``worker`` produced its first token ``seconds`` after it was sent."""
         with self._lock:
             recent = self._samples.get(worker)
             if recent is None:
                 recent = self._samples[worker] = deque(maxlen=self._window)
-            recent.append(seconds)
+            recent.append((seconds, size))
 
-    def deadline(self, worker: str, cap: float | None) -> float | None:
-        """Seconds to wait for ``worker``'s next bytes: the adaptive deadline, at most ``cap``."""
+    def deadline(self, worker: str, cap: float | None, size: int = 0) -> float | None:
+        """Seconds to wait for ``worker``'s first bytes of a call of ``size`` bytes: the adaptive
+        deadline, scaled up for a call larger than the recent ones, at most ``cap``."""
         with self._lock:
-            recent = sorted(self._samples.get(worker) or ())
+            recent = list(self._samples.get(worker) or ())
         if len(recent) < self._min_samples:
             return cap
-        p95 = sorted_percentile(recent, 0.95)
-        wait = max(self.floor, self.factor * p95)
+        p95 = sorted_percentile(sorted(t for t, _ in recent), 0.95)
+        usual = sorted_percentile(sorted(n for _, n in recent), 0.95)
+        wait = max(self.floor, self.factor * p95) * max(1.0, size / max(usual, 1))
         return wait if cap is None else min(wait, cap)
+
+    def waiting(self, worker: str, size: int) -> int:
+        """A call of ``size`` bytes is sent to ``worker``: the bytes of the calls there still waiting for
+        their first byte, this one's included (:meth:`answered` once it is no longer waiting)."""
+        with self._lock:
+            ahead = self._waiting[worker] = self._waiting.get(worker, 0) + size
+        return ahead
+
+    def answered(self, worker: str, size: int) -> None:
+        """A call counted by :meth:`waiting` got its first byte, or ended without."""
+        with self._lock:
+            left = self._waiting.get(worker, 0) - size
+            if left > 0:
+                self._waiting[worker] = left
+            else:
+                self._waiting.pop(worker, None)
 
     def forget(self, worker: str) -> None:
         with self._lock:

@@ -35,3 +35,20 @@ def test_bad_options_name_the_field() -> None:
         FirstByteDeadlines(floor=0)
     with pytest.raises(ConfigError, match="first_byte_factor"):
         FirstByteDeadlines(factor=0.5)
+
+
+def test_a_larger_call_or_one_queued_behind_large_ones_waits_longer():
+    d = FirstByteDeadlines(floor=1.0, factor=3.0, min_samples=4)
+    for _ in range(10):
+        d.observe("w", 0.5, 1000)  # 1 KB calls, 0.5 s to the first byte: 1.5 s
+    assert d.deadline("w", 600.0, 1000) == pytest.approx(1.5)
+    assert d.deadline("w", 600.0, 40_000) == pytest.approx(60.0)  # 40 times the usual bytes
+    assert d.deadline("w", 30.0, 40_000) == 30.0  # never over the cap
+    assert d.waiting("w", 400_000) == 400_000  # a long prompt sent, no first byte yet
+    ahead = d.waiting("w", 1000)  # a short call behind it
+    assert ahead == 401_000 and d.deadline("w", 600.0, ahead) == 600.0
+    d.answered("w", 400_000)
+    assert d.waiting("w", 1000) == 2000  # once answered, only the short calls count
+    d.answered("w", 1000)
+    d.answered("w", 1000)
+    assert d.waiting("other", 5) == 5
