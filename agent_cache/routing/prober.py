@@ -12,7 +12,7 @@ from agent_cache.backends.sglang import SGLangClient
 from agent_cache.errors import BackendError, WorkerTimeoutError
 from agent_cache.routing.config import WorkerConfig
 from agent_cache.routing.degraded import logger
-from agent_cache.routing.health import CLOSED, HealthTracker
+from agent_cache.routing.health import OPEN, HealthTracker
 from agent_cache.routing.metrics import RouterMetrics
 
 
@@ -76,7 +76,7 @@ class Prober:
             return
         if self.health.success(w.url, probe=True):
             logger.warning("worker %s healthy again", w.url)
-        self.metrics.healthy.labels(w.url).set(1 if self.health.state(w.url) == CLOSED else 0)
+        self.metrics.healthy.labels(w.url).set(0 if self.health.state(w.url) == OPEN else 1)  # half-open takes a trial
         if w.url not in self.capacity:
             try:  # metadata is not health: a worker without the route is still up
                 cap = client.server_info().get("max_total_num_tokens")

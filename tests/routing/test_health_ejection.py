@@ -68,3 +68,29 @@ def test_a_half_open_worker_is_offered_to_one_route_at_a_time() -> None:
     clock.now += 2.0
     assert health.unavailable(pool) == (set(), {"a"})
     assert health.success("a") and health.down(pool) == set()
+
+
+def test_the_healthy_gauge_says_what_the_fleet_view_says_once_the_cooldown_ends() -> None:
+    """A passively ejected worker that still answers /health: 0 while ejected, 1 once half-open (it
+    takes calls again, a trial first), as GET /workers says, before any call went there."""
+    from prometheus_client import CollectorRegistry
+
+    from agent_cache.routing.config import WorkerConfig
+    from agent_cache.routing.metrics import RouterMetrics
+    from agent_cache.routing.prober import Prober
+    from agent_cache.sim import SimFleet
+
+    clock = Clock()
+    with SimFleet(3) as fleet:
+        pool = list(fleet.urls)
+        health = HealthTracker(failure_threshold=3, cooldown=2.0, clock=clock)
+        registry = CollectorRegistry()
+        metrics = RouterMetrics(registry)
+        prober = Prober(lambda: [WorkerConfig(u) for u in pool], health, metrics, {}, lambda: None, lambda: None, 5.0)
+        _fail(health, pool[0], pool)
+        prober.probe_once()
+        gauge = lambda: registry.get_sample_value("agent_cache_worker_healthy", {"worker": pool[0]})  # noqa: E731
+        assert gauge() == 0.0 and health.down(pool) == {pool[0]}
+        clock.now += 2.0
+        prober.probe_once()
+        assert health.down(pool) == set() and gauge() == 1.0
