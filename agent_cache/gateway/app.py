@@ -151,6 +151,7 @@ class Gateway:
         self._templaters: dict[str, Templater] = {}
         self.transport = _transport(config)
         self.inflight = 0
+        self._tenant_inflight: dict[str, int] = {}  # calls in flight per tenant (concurrency= of the keys file)
         self.limits = RateLimits(config.redis_url, config.prefix)  # rpm= and tpm= of the keys file
         self.forward = Forward(self.router, self.transport, Served(self.registry), self.limits,
                                timeout=config.timeout, max_attempts=config.max_attempts,
@@ -190,14 +191,26 @@ class Gateway:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def _admit(self) -> None:
+    def _admit(self, grant: ApiKey) -> None:
         if self.inflight >= self.config.max_concurrency:
             raise RequestRejectedError(503, f"the gateway has {self.inflight} calls in flight (--max-concurrency)",
                                        code="overloaded", retry_after=1)
+        self._check_concurrency(grant)
+        self._tenant_inflight[grant.tenant] = self._tenant_inflight.get(grant.tenant, 0) + 1
         self.inflight += 1
         self.metrics.inflight.inc()
 
-    def _release(self) -> None:
+    def _check_concurrency(self, grant: ApiKey) -> None:
+        held = self._tenant_inflight.get(grant.tenant, 0)
+        if grant.concurrency is not None and held >= grant.concurrency:  # so no tenant takes every slot
+            raise RequestRejectedError(429, f"{held} calls of this key's tenant are in flight on this gateway "
+                                            f"(concurrency={grant.concurrency} in the keys file)",
+                                       code="concurrency_limit_exceeded", retry_after=1)
+
+    def _release(self, grant: ApiKey) -> None:
+        held = self._tenant_inflight.pop(grant.tenant, 1) - 1
+        if held > 0:
+            self._tenant_inflight[grant.tenant] = held
         self.inflight -= 1
         self.metrics.inflight.dec()
 
@@ -207,10 +220,10 @@ class Gateway:
         """Serve one proxied call; the response to send, or None once it was sent."""
         try:  # checked before a slot is taken: a slow or bad client holds none
             call, grant = await self._prepare(request, path)
-            self._admit()
+            self._admit(grant)
         except Exception as exc:  # every failure becomes an OpenAI-style error body
             return self._count(path, _error_for(exc, path))
-        release = Once(self._release)
+        release = Once(functools.partial(self._release, grant))
         try:
             if call.stream:
                 response = await self.forward.stream(request, call, grant, release)
@@ -244,6 +257,7 @@ class Gateway:
         # a large body's parsing, checks and templating take seconds of CPU (20 MB: up to 15 s): off
         # the event loop, so every other call, deadline and health probe goes on meanwhile
         call = work() if len(raw) <= INLINE_BODY_BYTES else await asyncio.to_thread(work)
+        self._check_concurrency(grant)  # checked again as the slot is taken (after the await below)
         await self.limits.admit(grant)  # last: a request refused for another reason is not counted
         return call, grant
 

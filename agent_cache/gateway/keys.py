@@ -2,11 +2,13 @@
 
 One key per line, ``#`` starts a comment::
 
-    KEY TENANT [POOL] [rpm=N] [tpm=N] [role=admin] [pools=a,b] [allow=priority,lora_path]
+    KEY TENANT [POOL] [rpm=N] [tpm=N] [concurrency=N] [role=admin] [pools=a,b] [allow=priority,lora_path]
 
 - ``POOL`` (or ``pools=``) binds the key: its calls go to that pool, or to one of
   ``pools=`` chosen by the pool header; without either the header may choose any pool.
 - ``rpm`` / ``tpm``: requests and tokens per minute for the key's tenant.
+- ``concurrency``: the tenant's calls in flight at once on each gateway process (429 past it), so
+  one tenant's long calls cannot take every ``--max-concurrency`` slot.
 - ``role=admin``: the key may also use the admin endpoints (fleet, readiness detail, metrics).
 - ``allow=``: request fields reserved to the operator that this key may set.
 """
@@ -23,7 +25,7 @@ from agent_cache.routing.config import check_tenant
 ROLES = ("user", "admin")
 # fields a tenant may set only where its key allows them (scheduling priority, adapters)
 GRANTABLE_FIELDS = ("priority", "lora_path")
-_OPTIONS = ("rpm", "tpm", "role", "pools", "allow")
+_OPTIONS = ("rpm", "tpm", "concurrency", "role", "pools", "allow")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class ApiKey:
     tpm: int | None = None
     role: str = "user"
     allow: frozenset[str] = frozenset()
+    concurrency: int | None = None  # calls in flight at once, per gateway process
 
     @property
     def is_admin(self) -> bool:
@@ -94,8 +97,9 @@ def parse_key_line(parts: list[str]) -> tuple[str, ApiKey]:
         raise ValueError(f"the pool {pool!r} is not among pools={given['pools']}")
     if pool is not None and pools is None:
         pools = frozenset({pool})
-    return key, ApiKey(tenant, pool, pools, _positive("rpm", given["rpm"]) if "rpm" in given else None,
-                       _positive("tpm", given["tpm"]) if "tpm" in given else None, role, allow)
+    counts = {name: _positive(name, given[name]) for name in ("rpm", "tpm", "concurrency") if name in given}
+    return key, ApiKey(tenant, pool, pools, counts.get("rpm"), counts.get("tpm"), role, allow,
+                       counts.get("concurrency"))
 
 
 def load_api_keys(path: str | Path) -> dict[str, ApiKey]:

@@ -26,16 +26,18 @@ def test_the_plain_form_still_reads_key_tenant_and_pool(tmp_path: Path) -> None:
 
 
 def test_options_give_limits_role_pools_and_allowed_fields(tmp_path: Path) -> None:
-    keys = _load(tmp_path, "k1 acme small rpm=60 tpm=100000 role=admin pools=small,large allow=priority\n")
+    keys = _load(tmp_path, "k1 acme small rpm=60 tpm=100000 role=admin pools=small,large allow=priority "
+                           "concurrency=4\n")
     grant = keys[key_digest("k1")]
     assert grant == ApiKey("acme", "small", frozenset({"small", "large"}), 60, 100000, "admin",
-                           frozenset({"priority"}))
+                           frozenset({"priority"}), 4)
     assert grant.is_admin and grant.may_use_pool("large") and not grant.may_use_pool("other")
 
 
 @pytest.mark.parametrize(("line", "says"), [
     ("k1 acme rpm=0", "rpm= takes a whole number above 0"),
     ("k1 acme tpm=ten", "tpm= takes a whole number above 0"),
+    ("k1 acme concurrency=-1", "concurrency= takes a whole number above 0"),
     ("k1 acme role=root", "role= takes one of user, admin"),
     ("k1 acme allow=temperature", "allow= names fields that are not reserved: temperature"),
     ("k1 acme limit=5", "unknown option 'limit'"),

@@ -122,3 +122,37 @@ def test_the_script_and_the_local_share_agree_on_a_window(redis_url):
 
 def test_durations_are_written_as_openai_writes_them():
     assert [duration(s) for s in (0.0204, 1.5, 60.0, 59.9996, 75.25)] == ["20ms", "1.5s", "1m0s", "1m0s", "1m15.25s"]
+
+
+def test_concurrency_bounds_one_tenants_calls_in_flight_and_no_other_tenants(procs, tmp_path):
+    """concurrency=2: of tenant B's four simultaneous long calls two run and two get 429 at once;
+    tenant A's calls pass meanwhile; B's slots are free again once its calls end."""
+    path = tmp_path / "keys"
+    path.write_text("sk-a team-a\nsk-b team-b concurrency=2\n")
+    with SimFleet(2, time_scale=1) as slow:
+        url = AgentCacheGateways(procs, slow.urls, args=["--api-keys", str(path)]).urls[0] + "/v1/chat/completions"
+        long_call = {**BODY, "max_tokens": 200, "stream": True}  # about 2 s of decoding on the simulated workers
+
+        async def tenant_b() -> list[int]:
+            async with httpx.AsyncClient(timeout=60, headers={"authorization": "Bearer sk-b"}) as c:
+
+                async def one() -> int:
+                    async with c.stream("POST", url, json=long_call) as r:
+                        await r.aread()
+                        return r.status_code
+
+                return list(await asyncio.gather(*(one() for _ in range(4))))
+
+        async def both() -> tuple[list[int], list[int]]:
+            b = asyncio.create_task(tenant_b())
+            await asyncio.sleep(0.5)
+            async with httpx.AsyncClient(timeout=60, headers={"authorization": "Bearer sk-a"}) as c:
+                a = [(await c.post(url, json=BODY)).status_code for _ in range(3)]
+            return await b, a
+
+        b_statuses, a_statuses = asyncio.run(both())
+        with httpx.Client(timeout=60) as c:
+            again = _call(c, url, "sk-b")
+    assert sorted(b_statuses) == [200, 200, 429, 429], b_statuses
+    assert a_statuses == [200, 200, 200]
+    assert again.status_code == 200, again.text
