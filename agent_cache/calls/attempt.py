@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, AsyncGenerator, Iterator
+from typing import Any, AsyncGenerator, AsyncIterator, Iterator
 
 from agent_cache.calls.prepare import Call
 from agent_cache.calls.reader import Event, EventReader
@@ -55,6 +55,24 @@ class _Steps:
             self.first = False
             self.deadlines.answered(self.worker, self.size)
 
+    @contextlib.asynccontextmanager
+    async def aclosing(self, lines: AsyncIterator[bytes]) -> AsyncIterator[None]:
+        """Reading ``lines``: closed at the end, however it ends, and no longer waiting."""
+        try:
+            yield
+        finally:
+            self.done()
+            await lines.aclose()  # type: ignore[attr-defined]  # the transports' lines are generators
+
+    @contextlib.contextmanager
+    def closing(self, lines: Iterator[bytes]) -> Iterator[None]:
+        """Sync :meth:`aclosing`."""
+        try:
+            yield
+        finally:
+            self.done()
+            lines.close()  # type: ignore[attr-defined]
+
     def checked(self, event: Event | None) -> Event | None:
         if event is not None and not self.attempt.delivered and (error := event.error()) is not None:
             raise error  # before any output: the flow may retry it elsewhere
@@ -73,13 +91,10 @@ async def astream(transport: WorkerTransport, call: Call, attempt: Attempt, *, d
     ``whole_ok``: see :class:`~agent_cache.calls.reader.EventReader`."""
     steps = _Steps(call, attempt, deadlines, cap, first_attempt, whole_ok)
     lines = transport.stream(steps.worker, call.path, call.body, first_byte_timeout=steps.wait, early=early)
-    try:
-        async with contextlib.aclosing(lines):  # type: ignore[type-var]  # a failed attempt closes its connection
-            async for line in lines:
-                if (event := steps.line(line)) is not None:
-                    yield event
-    finally:
-        steps.done()
+    async with steps.aclosing(lines):  # a failed attempt closes its connection
+        async for line in lines:
+            if (event := steps.line(line)) is not None:
+                yield event
     if (event := steps.end()) is not None:
         yield event
 
@@ -89,12 +104,9 @@ def stream(transport: SyncWorkerTransport, call: Call, attempt: Attempt, *, dead
     """Sync :func:`astream`."""
     steps = _Steps(call, attempt, deadlines, cap, first_attempt)
     lines = transport.stream(steps.worker, call.path, call.body, first_byte_timeout=steps.wait)
-    try:
-        with contextlib.closing(lines):  # type: ignore[type-var]
-            for line in lines:
-                if (event := steps.line(line)) is not None:
-                    yield event
-    finally:
-        steps.done()
+    with steps.closing(lines):
+        for line in lines:
+            if (event := steps.line(line)) is not None:
+                yield event
     if (event := steps.end()) is not None:
         yield event
