@@ -26,7 +26,9 @@ parsers are wrapped here alike, at the bytes they are fed:
 - **requests sent ahead**: httptools parses every request in a read at
   once and queues those sent before the previous answer; a connection with
   more than ``MAX_PIPELINED`` queued is closed (256 KB of pipelined
-  ``GET /health`` had queued 10,000 request objects per connection).
+  ``GET /health`` had queued 10,000 request objects per connection). Reads
+  are fed to the parser in ``PARSE_SLICE`` pieces and the count is checked
+  after each, so such a connection costs a slice of parsing, not a read's.
 - **answers not read**: an answer whose bytes wait ``send_timeout`` seconds
   for the client to read any of them (the socket's buffer full) ends the
   connection, as nginx's ``send_timeout`` does.
@@ -54,6 +56,7 @@ DEFAULT_TIMEOUT = 10.0
 DEFAULT_MAX_PENDING = 1024
 DEFAULT_SEND_TIMEOUT = 60.0  # nginx's send_timeout
 MAX_PIPELINED = 16  # requests a connection may send ahead of their answers before it is closed
+PARSE_SLICE = 4096  # bytes fed to the parser at a time, so that the limits act between slices
 
 
 _FLAGS = {"max_bytes": "--max-header-bytes", "max_count": "--max-header-count", "max_line": "--max-header-line",
@@ -404,14 +407,22 @@ def _make(base: type[Any]) -> type[Any]:
             if guard is None:
                 super().data_received(data)
                 return
+            # httptools parses a whole read (up to 256 KB) at once, every request in it: fed in
+            # slices, a connection sending requests far ahead is closed after a slice, before
+            # the gateway spends its CPU parsing thousands of them (7,900 in 256 KB of "GET /health")
+            for start in range(0, len(data), PARSE_SLICE):
+                if guard.closed or self.transport.is_closing():
+                    return
+                self._feed(guard, data[start:start + PARSE_SLICE] if len(data) > PARSE_SLICE else data)
+
+        def _feed(self, guard: _Guard, data: bytes) -> None:
             if not guard.admit(data):
                 return
             before = self.cycle
             super().data_received(data)
             guard.fed(data, before)
-            # httptools parses a whole read: requests sent ahead of their answers queue up, each a
-            # request object (10,000 in 256 KB of "GET /health"); a client that sends more than a
-            # few ahead is not one that reads its answers
+            # requests sent ahead of their answers queue up, each a request object; a client
+            # that sends more than a few ahead is not one that reads its answers
             if len(getattr(self, "pipeline", ())) > MAX_PIPELINED:
                 guard.evict()
 

@@ -57,6 +57,29 @@ def decode(ids: Sequence[int]) -> str:
     return encoding().decode([i for i in ids if i < IM_START])
 
 
+class StreamDecoder:
+    """The text of an answer as its ids arrive, decoded as SGLang's detokenizer does it:
+    only the ids since the last settled point are decoded again (not the whole answer on
+    every step), and a piece that ends inside a UTF-8 character waits for the next ids."""
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        self.ids = ids
+        self.text = ""  # everything handed out so far
+        self._surr = 0  # start of the ids decoded again for context
+        self._read = 0  # ids whose text is handed out
+
+    def upto(self, n: int) -> str:
+        """The new text of ``ids[:n]`` (empty while it ends inside a character)."""
+        settled = decode(self.ids[self._surr:self._read])
+        fresh = decode(self.ids[self._surr:n])
+        if fresh.endswith("\ufffd") and n < len(self.ids):
+            return ""
+        piece = fresh[len(settled):]
+        self._surr, self._read = self._read, n
+        self.text += piece
+        return piece
+
+
 def content_text(content: Any) -> str:
     """Text of an OpenAI content field: a string, a list of parts, or None."""
     if content is None:

