@@ -411,9 +411,9 @@ def _make(base: type[Any]) -> type[Any]:
             # slices, a connection sending requests far ahead is closed after a slice, before
             # the gateway spends its CPU parsing thousands of them (7,900 in 256 KB of "GET /health")
             for start in range(0, len(data), PARSE_SLICE):
-                if guard.closed or self.transport.is_closing():
+                if self.transport.is_closing():  # closed by a limit, or by the parser on bad input
                     return
-                self._feed(guard, data[start:start + PARSE_SLICE] if len(data) > PARSE_SLICE else data)
+                self._feed(guard, data[start:start + PARSE_SLICE])  # a read shorter than a slice: not copied
 
         def _feed(self, guard: _Guard, data: bytes) -> None:
             if not guard.admit(data):

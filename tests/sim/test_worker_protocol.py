@@ -133,8 +133,12 @@ def test_stream_framing_with_usage_chunk(worker: str) -> None:
     assert "".join(p.content or "" for p in pieces) == text
 
 
+# characters of up to four bytes, several of them split over two or more cl100k tokens
+MULTIBYTE_ANSWER = "会话 é 𝔘𝔫𝔦 龘 🦩 naïve " * 40
+
+
 def test_the_stream_decoder_holds_a_character_until_its_last_token() -> None:
-    answer = "会话 é 𝔘𝔫𝔦 龘 🦩 naïve " * 40
+    answer = MULTIBYTE_ANSWER
     ids = ENC.encode(answer)
     decoder = StreamDecoder(ids)
     pieces = [decoder.upto(n) for n in range(1, len(ids) + 1)]  # one token a step
@@ -146,7 +150,7 @@ def test_the_stream_decoder_holds_a_character_until_its_last_token() -> None:
 def test_streamed_pieces_join_to_the_answer_and_never_split_a_character(fleet: SimFleet) -> None:
     """Multi-byte characters span several tokens: a piece waits for the rest of its character,
     and the pieces join to exactly the whole answer (chat, completions and /generate)."""
-    answer = "会话 é 𝔘𝔫𝔦 龘 🦩 naïve " * 40
+    answer = MULTIBYTE_ANSWER
     worker = fleet.urls[0]
     for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
                        ("/v1/completions", {"prompt": "x"})):
