@@ -54,6 +54,19 @@ def _positive(kind: type[_Num]) -> Callable[[str], _Num]:
     return parse
 
 
+def _kv_event_sources(text: str) -> Any:
+    import importlib.util
+
+    from agent_cache.routing.kv_indexer import parse_sources
+
+    if importlib.util.find_spec("zmq") is None:
+        raise argparse.ArgumentTypeError("KV events need pyzmq and msgpack: pip install 'agent-cache[kv]'")
+    try:
+        return parse_sources(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _kv_events_config(text: str) -> str:
     from agent_cache.sim.kv_publisher import KVEventsConfig
 
@@ -292,7 +305,7 @@ def _serve(args: argparse.Namespace) -> int:
             extra_fields=frozenset(f.strip() for f in (args.extra_fields or "").split(",") if f.strip()),
             worker_api_key=environment.value(environment.API_KEY), first_byte_floor=args.first_byte_floor,
             fleet=admin.fleet_config(args),
-            transport=args.transport,
+            transport=args.transport, kv_events=args.kv_events,
         )
         if not _store_ready(args.redis, args.prefix, debug=args.log_level == "debug"):
             return 1
@@ -368,6 +381,11 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--transport", default="httpx", choices=list(gw.TRANSPORTS),
                    help="client to the workers: httpx (default) or fast, an asyncio + httptools client "
                         "using less CPU per call (docs/benchmarks.md)")
+    p.add_argument("--kv-events", type=_kv_event_sources, default=None, metavar="URL=ENDPOINT[|REPLAY],...",
+                   help="read the workers' KV events (SGLang --kv-events-config): each worker URL with the "
+                        "endpoint its publisher binds, e.g. http://w0:30000=tcp://w0:5557|tcp://w0:5558 "
+                        "(optional replay endpoint); placement then knows which workers hold each template "
+                        "(docs/routing.md, \"KV events\"). Needs the kv extra: pip install 'agent-cache[kv]'")
     p.add_argument("--extra-fields", metavar="NAME,...",
                    help="request fields to pass through unchecked (fields of a newer SGLang)")
     p.add_argument("--drain-timeout", type=_positive(float), default=30.0,

@@ -18,8 +18,8 @@ plus the session's tool time. Per call:
    the worker's cache (evictable) for the session's next call.
 
 A policy with ``kv_events`` (``agent-cache-kv``) gets each worker's KV
-events when SGLang would publish them (after each prefill pass and every
-40th decode pass), and its prewarms run as one-token requests on the
+events when SGLang would publish them (after each prefill pass, every
+40th decode pass, and when the worker falls idle), and its prewarms run as one-token requests on the
 worker it names; they are not calls, and nothing of them is measured.
 
 Cache modes of a policy: ``radix`` (each worker's own cache), ``none``
@@ -211,6 +211,8 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
         it = models[wi].next_iteration()
         if it is None:
             busy[wi] = False
+            if kv:  # SGLang's idle self-check publishes what is queued at once
+                publish(wi, "idle")
             return
         busy[wi] = True
         if it.kind == "decode":

@@ -55,6 +55,10 @@ from agent_cache.gateway.forward import SESSION_HEADER, WORKER_HEADER, Forward
 from agent_cache.gateway.requests import CHAT, COMPLETIONS, GENERATE, find_session, parse_json_body, prepare
 from agent_cache.gateway.responses import JSONResponse, bounded
 from agent_cache.routing.conversation import conversation_session
+from agent_cache.routing.kv_indexer import KvIndexer
+from agent_cache.routing.kv_metrics import KV_METRICS
+from agent_cache.routing.kv_state import KvState
+from agent_cache.routing.kv_templates import TemplateTokens
 from agent_cache.routing.router import Router
 from agent_cache.telemetry import tracing
 from agent_cache.templates import Templater, TemplateRegistry
@@ -141,10 +145,15 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig, router: Router | None = None) -> None:
         self.config = config
+        self.kv_indexer = None if config.kv_events is None else KvIndexer(KvState(), config.kv_events).start()
         self.router = router if router is not None else Router(
             config.workers, redis_url=config.redis_url, prefix=config.prefix, probe_interval=config.probe_interval,
             max_attempts=config.max_attempts, first_byte_floor=config.first_byte_floor,
-            allow_empty=bool(config.fleet.dns))
+            allow_empty=bool(config.fleet.dns), kv_events=None if self.kv_indexer is None else self.kv_indexer.state)
+        kv = self.router.kv_events  # the templates' tokens are learnt from the workers to read their events
+        learner = None if kv is None else TemplateTokens(kv, api_key=config.worker_api_key)
+        if self.kv_indexer is not None:
+            KV_METRICS.add(self.kv_indexer, learner)
         self.registry = TemplateRegistry(self.router.store)
         self.fleet = fleet_for(config.redis_url, config.prefix, self.router, config.fleet)
         self.metrics = _process_metrics()
@@ -153,7 +162,8 @@ class Gateway:
         self.inflight = 0
         self._tenant_inflight: dict[str, int] = {}  # calls in flight per tenant (concurrency= of the keys file)
         self.limits = RateLimits(config.redis_url, config.prefix)  # rpm= and tpm= of the keys file
-        self.forward = Forward(self.router, self.transport, Served(self.registry), self.limits,
+        served = Served(self.registry, template_tokens=learner)
+        self.forward = Forward(self.router, self.transport, served, self.limits,
                                timeout=config.timeout, max_attempts=config.max_attempts,
                                early_sends=self.metrics.early_sends,
                                count=lambda path, status: self.metrics.requests.labels(path, status).inc())
@@ -331,7 +341,9 @@ class Gateway:
         await self.limits.aclose()
         await asyncio.to_thread(self.fleet.stop)
         await self.transport.aclose()
-        self.registry.close()
+        self.forward.served.close()  # the registry, and the template learner with KV events
+        if self.kv_indexer is not None:
+            await asyncio.to_thread(self.kv_indexer.close)
         await self.router.aclose()
 
 

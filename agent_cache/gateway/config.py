@@ -10,6 +10,7 @@ from agent_cache.errors import ConfigError
 from agent_cache.gateway.keys import ApiKey
 from agent_cache.routing.first_byte import DEFAULT_FLOOR
 from agent_cache.routing.fleet import FleetConfig
+from agent_cache.routing.kv_indexer import EventSource
 from agent_cache.store.base import DEFAULT_PREFIX
 from agent_cache.templates.templater import TemplateMode
 
@@ -46,6 +47,7 @@ class GatewayConfig:
     first_byte_floor: float = DEFAULT_FLOOR  # the shortest adaptive first-byte deadline of a call
     fleet: FleetConfig = field(default_factory=FleetConfig)  # workers added, drained, discovered at run time
     transport: str = "httpx"  # to the workers: httpx (the reference) or fast (asyncio + httptools)
+    kv_events: Mapping[str, EventSource] | None = None  # worker URL -> its KV event publisher (docs/routing.md)
 
     def __post_init__(self) -> None:
         if not self.workers and not self.fleet.dns:
@@ -65,6 +67,12 @@ class GatewayConfig:
             raise ConfigError("timeout", f"expected seconds > 0, got {self.timeout!r}")
         if self.transport not in TRANSPORTS:
             raise ConfigError("transport", f"expected one of {list(TRANSPORTS)}, got {self.transport!r}")
+        if self.kv_events is not None:
+            urls = {(w if isinstance(w, str) else str(w.get("url", ""))).rstrip("/") for w in self.workers}
+            strangers = sorted(set(self.kv_events) - urls)
+            if strangers:
+                raise ConfigError("kv_events", f"{strangers} are not among the workers: name each worker's "
+                                               "publisher by the worker's own URL")
         owned = sorted(self.extra_fields & NOT_PASSED_THROUGH)
         if owned:
             raise ConfigError("extra_fields", f"{owned} are set or checked by the gateway and cannot pass through")

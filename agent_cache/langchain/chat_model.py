@@ -28,6 +28,7 @@ from agent_cache.calls.prepare import CHAT, Call, prepare
 from agent_cache.calls.served import Served
 from agent_cache.errors import ConfigError, TemplateError
 from agent_cache.routing.config import check_tenant
+from agent_cache.routing.kv_templates import TemplateTokens
 from agent_cache.routing.lifecycle import RETRY_BACKOFF, Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, Router
 from agent_cache.telemetry import tracing
@@ -174,7 +175,8 @@ class ChatSGLang(BaseChatModel):
             raise ConfigError(field, str(exc).split(": ", 1)[-1]) from exc
         # template bookkeeping for calls a worker served (recorded after the call, see _served)
         self._registry = TemplateRegistry(router.store)
-        self._served = Served(self._registry, self._trace)
+        learner = None if router.kv_events is None else TemplateTokens(router.kv_events, api_key=self._key())
+        self._served = Served(self._registry, self._trace, learner)  # learner: templates' tokens, KV events on
         self._router = router
         exit_flush.register(self, ChatSGLang.close)  # a script ending without close() still writes (bounded)
         return self

@@ -105,6 +105,10 @@ class KvState:
     def knows_template(self, template_id: str) -> bool:
         return template_id in self._templates
 
+    def fingerprint(self, template_id: str) -> tuple[int, ...] | None:
+        """The anchors learnt for the template (empty: too short to have one; None: not learnt)."""
+        return self._templates.get(template_id)
+
     def holders(self, template_id: str, workers: Iterable[str]) -> tuple[frozenset[str], frozenset[str]] | None:
         """(workers holding the template, workers whose state is known) among ``workers``;
         None when the template's fingerprint is not known (or it has no anchor)."""
@@ -142,6 +146,16 @@ class KvState:
         """Tokens the worker's radix tree holds now (None: unknown)."""
         w = self._workers.get(url)
         return w.tokens if w is not None and w.known else None
+
+    def workers(self) -> dict[str, int | None]:
+        """Every worker heard from -> the tokens its tree holds (None: unknown)."""
+        with self._lock:
+            return {url: w.tokens if w.known else None for url, w in self._workers.items()}
+
+    @property
+    def templates(self) -> int:
+        """Templates whose fingerprints are learnt."""
+        return len(self._templates)
 
     def next_seq(self, url: str) -> int | None:
         """The sequence number expected next from ``url`` (None: never heard from)."""

@@ -120,6 +120,8 @@ class Engine:
         self.version = SGLangVersion.parse(self.options.sglang_version)
         self.model = WorkerModel(self.options.scheduler_config())
         self.kv_events = create_sink(self.options.kv_events_config)
+        if self.kv_events is not None:  # the idle loop publishes the start-up AllBlocksCleared
+            self.kv_events.idle(self.model.cache)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.started_at = time.monotonic()
         self.created = int(time.time())
@@ -188,6 +190,8 @@ class Engine:
         while True:
             it = self.model.next_iteration()
             if it is None:
+                if self.kv_events is not None:
+                    self.kv_events.idle(self.model.cache)
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -245,7 +249,10 @@ class Engine:
 
     def flush(self) -> bool:
         """``/flush_cache``: SGLang refuses while requests run."""
-        return self.model.flush()  # AllBlocksCleared waits for the next prefill pass, as in SGLang
+        flushed = self.model.flush()
+        if flushed and self.kv_events is not None:  # flushed only when idle: the idle loop publishes it
+            self.kv_events.idle(self.model.cache)
+        return flushed
 
     def close(self) -> None:
         """Stop the KV event publisher, if any."""

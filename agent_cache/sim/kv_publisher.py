@@ -8,7 +8,9 @@ otherwise; with ``replay_endpoint``, a ROUTER socket answers a request
 ``(identity, b"", start_seq)`` with every buffered ``(seq, payload)`` from
 ``start_seq`` on, then ``(-1, b"")``. The scheduler publishes after each
 prefill pass and every ``DECODE_LOG_INTERVAL`` decode passes, as SGLang's
-``log_prefill_stats`` / ``log_decode_stats`` do.
+``log_prefill_stats`` / ``log_decode_stats`` do, and whenever it has nothing
+to run (SGLang 0.5.4's idle self-check, ``check_memory``, publishes too): a
+start-up's or an idle ``/flush_cache``'s ``AllBlocksCleared`` goes out at once.
 """
 
 from __future__ import annotations
@@ -161,6 +163,12 @@ class EventSink:
             self._decodes += 1
             if self._decodes % DECODE_LOG_INTERVAL:
                 return  # the events wait in the cache's queue, as in SGLang
+        self.flush(cache.take_events())
+
+    def idle(self, cache: RadixCache) -> None:
+        """The scheduler has nothing to run: SGLang's idle self-check publishes what is queued at once
+        (``self_check_during_idle`` -> ``check_memory`` -> ``_publish_kv_events``), a start-up's or a
+        ``/flush_cache``'s ``AllBlocksCleared`` among them."""
         self.flush(cache.take_events())
 
     def flush(self, events: list[KVEvent]) -> None:

@@ -1,0 +1,68 @@
+"""Prometheus metrics of the KV event path: what each worker's events say, and how the subscriber keeps up.
+
+Collected from the live indexers of this process when ``/metrics`` is read
+(registered once on prometheus_client's default registry, as the routers'
+metrics are), so nothing is counted twice and nothing runs on a call's path.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Iterator
+
+from prometheus_client import REGISTRY
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from agent_cache.routing.kv_indexer import KvIndexer
+from agent_cache.routing.kv_templates import TemplateTokens
+
+
+class _KvCollector(Collector):
+    def __init__(self) -> None:
+        self._parts: "weakref.WeakKeyDictionary[KvIndexer, TemplateTokens | None]" = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        self._registered = False
+
+    def add(self, indexer: KvIndexer, learner: TemplateTokens | None) -> None:
+        with self._lock:
+            self._parts[indexer] = learner
+            if not self._registered:
+                REGISTRY.register(self)
+                self._registered = True
+
+    def collect(self) -> Iterator[Metric]:
+        known = GaugeMetricFamily("agent_cache_kv_worker_known",
+                                  "1 while the worker's KV events are complete (a gap or a drop makes it 0)",
+                                  labels=["worker"])
+        cached = GaugeMetricFamily("agent_cache_kv_cached_tokens", "tokens the worker's radix tree holds, "
+                                   "from its KV events", labels=["worker"])
+        templates = GaugeMetricFamily("agent_cache_kv_templates", "templates whose token fingerprints are learnt")
+        counters = {name: CounterMetricFamily(f"agent_cache_kv_{name}", doc) for name, doc in (
+            ("batches", "KV event batches applied"), ("replayed", "batches fetched from a replay endpoint"),
+            ("gaps", "batches that arrived after a lost one"), ("undecodable", "batches that did not decode"),
+            ("template_lookups_failed", "template tokenizations a worker did not answer"))}
+        values = dict.fromkeys(counters, 0.0)
+        learnt = 0
+        for indexer, learner in list(self._parts.items()):
+            for url, tokens in indexer.state.workers().items():
+                known.add_metric([url], float(tokens is not None))
+                if tokens is not None:
+                    cached.add_metric([url], float(tokens))
+            learnt += indexer.state.templates
+            values["batches"] += indexer.batches
+            values["replayed"] += indexer.replayed
+            values["gaps"] += indexer.state.gaps
+            values["undecodable"] += indexer.bad
+            if learner is not None:
+                values["template_lookups_failed"] += learner.failed
+        templates.add_metric([], float(learnt))
+        yield from (known, cached, templates)
+        for name, family in counters.items():
+            family.add_metric([], values[name])
+            yield family
+
+
+KV_METRICS = _KvCollector()

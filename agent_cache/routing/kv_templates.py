@@ -1,0 +1,116 @@
+"""Templates' token ids learnt from the workers, so their KV events can name template holders.
+
+A template's fingerprint (``KvState.learn_template``) must be made of the
+token ids the worker computes. The router sees text, and the chat template
+that wraps it lives with the model; but a chat template's special tokens
+split the text, so the system prompt's own tokens appear unchanged inside
+the rendered prompt, except perhaps where they touch the markers around it.
+So the worker's ``/tokenize`` (text only, SGLang 0.5.x; no special tokens
+added) is asked for the template's system prompt once, and the first and
+last ``EDGE`` tokens are dropped before the fingerprint is taken: every
+anchor left lies inside the rendered prompt as well.
+
+Off the call path: a served call only queues its template (:meth:`want`);
+one background thread asks a worker. A failed ask is retried after
+``RETRY_AFTER`` s, by the next call of the template. A system prompt too
+short to have an anchor is learnt as empty, and its holders stay the
+router's own marks.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from agent_cache.routing.kv_state import KvState
+
+log = logging.getLogger(__name__)
+EDGE = 8  # tokens dropped at each end: a merge with the chat template's text around them may differ
+RETRY_AFTER = 30.0
+MAX_QUEUED = 256
+TOKENIZE_TIMEOUT = 5.0
+
+
+def system_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The text of the leading system message (a template's stable start), if there is one."""
+    from agent_cache.templates.canonical import content_text
+
+    if not messages or messages[0].get("role") != "system":
+        return None
+    text = content_text(messages[0].get("content"))
+    return text or None
+
+
+def _sglang_tokenize(url: str, text: str, api_key: str | None) -> Sequence[int]:
+    from agent_cache.backends.sglang import SGLangClient
+
+    with SGLangClient(url, timeout=TOKENIZE_TIMEOUT, api_key=api_key) as client:
+        tokens = client.tokenize(text, add_special_tokens=False).get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        raise ValueError(f"/tokenize of {url} answered no list of token ids")
+    return tokens
+
+
+class TemplateTokens:
+    """Learns templates' fingerprints for ``state`` from a worker's ``/tokenize``, on a background thread."""
+
+    def __init__(self, state: KvState, *, api_key: str | None = None,
+                 tokenize: Callable[[str, str], Sequence[int]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.state = state
+        self._tokenize = tokenize or (lambda url, text: _sglang_tokenize(url, text, api_key))
+        self._clock = clock
+        self._queue: queue.Queue[tuple[str, str, str] | None] = queue.Queue(MAX_QUEUED)
+        self._asked: dict[str, float] = {}  # template -> when asked (queued, or failed and not yet retried)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.learnt = 0
+        self.failed = 0
+
+    def want(self, template_id: str | None, messages: Sequence[Mapping[str, Any]], worker: str) -> None:
+        """Queue the template of a served call to be learnt from ``worker`` (no I/O here)."""
+        if not template_id or self.state.knows_template(template_id):
+            return
+        now = self._clock()
+        with self._lock:
+            asked = self._asked.get(template_id)
+            if asked is not None and now - asked < RETRY_AFTER:
+                return
+            text = system_text(messages)
+            if text is None:
+                return
+            if len(self._asked) >= self.state.max_templates:
+                self._asked.clear()  # bounded; a template still unknown is asked again
+            self._asked[template_id] = now
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="kv-templates", daemon=True)
+                self._thread.start()
+        try:
+            self._queue.put_nowait((template_id, text, worker))
+        except queue.Full:
+            pass  # a burst of new templates: the next call of this one asks again after RETRY_AFTER
+
+    def _loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            template_id, text, worker = item
+            try:
+                ids = self._tokenize(worker, text)
+            except Exception as exc:  # a worker down or answering nonsense: the marks decide meanwhile
+                self.failed += 1
+                log.warning("could not learn template %s's tokens from %s: %s", template_id, worker, exc)
+                continue
+            self.state.learn_template(template_id, list(ids)[EDGE:-EDGE] if len(ids) > 2 * EDGE else [])
+            self.learnt += 1
+
+    def close(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            try:
+                self._queue.put(None, timeout=1)
+            except queue.Full:
+                return  # a daemon thread: it ends with the process
+            thread.join(timeout=TOKENIZE_TIMEOUT + 1)

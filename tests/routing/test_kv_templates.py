@@ -1,0 +1,103 @@
+"""Templates' tokens learnt from a worker's /tokenize, for both doors: the fingerprint a KvState takes from the
+system prompt's text names the template inside the prompt the worker renders and caches."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from agent_cache import ChatSGLang
+from agent_cache.bench.realfleet import free_port
+from agent_cache.routing.kv_indexer import KvIndexer, parse_sources
+from agent_cache.routing.kv_state import KvState
+from agent_cache.routing.kv_templates import EDGE, RETRY_AFTER, TemplateTokens, system_text
+from agent_cache.routing.router import Router
+from agent_cache.sim import SimWorkerThread, WorkerOptions
+
+SYSTEM = " ".join(f"Step {i}: open report {i * 3}, compare totals, note any mismatch." for i in range(50))
+
+
+def _until(ok, what: str, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if ok():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} after {timeout} s")
+
+
+def test_system_text_is_the_leading_system_message_only() -> None:
+    assert system_text([{"role": "system", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+    assert system_text([{"role": "user", "content": "hi"}]) is None
+    assert system_text([{"role": "system", "content": ""}]) is None
+    assert system_text([]) is None
+
+
+def test_a_worker_that_does_not_answer_is_asked_again_only_after_the_retry_time() -> None:
+    now = [0.0]
+    state = KvState()
+    learner = TemplateTokens(state, clock=lambda: now[0])
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    messages = [{"role": "system", "content": SYSTEM}]
+    try:
+        learner.want("t", messages, dead)
+        _until(lambda: learner.failed == 1, "the failed ask counted")
+        learner.want("t", messages, dead)  # within RETRY_AFTER: not asked again
+        now[0] = RETRY_AFTER + 1
+        learner.want("t", messages, dead)
+        _until(lambda: learner.failed == 2, "the second ask counted")
+        assert not state.knows_template("t") and learner.learnt == 0
+    finally:
+        learner.close()
+
+
+@pytest.mark.parametrize("tools", [None, [{"type": "function", "function": {"name": "sum", "parameters": {}}}]])
+def test_chat_sglang_learns_its_template_and_finds_it_in_the_workers_events(tools) -> None:
+    pub, replay = free_port(), free_port()  # with a replay endpoint: the start-up reset is fetched again
+    config = {"publisher": "zmq", "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
+    worker = SimWorkerThread(WorkerOptions(time_scale=0.0, kv_events_config=json.dumps(config)))
+    worker.start()
+    state = KvState()
+    indexer = KvIndexer(state, parse_sources(f"{worker.url}=tcp://127.0.0.1:{pub}|tcp://127.0.0.1:{replay}")).start()
+    router = Router([worker.url], kv_events=state, probe_interval=None)
+    model = ChatSGLang(router=router, max_tokens=4)
+    try:
+        llm = model.bind_tools(tools) if tools else model
+        answer = llm.invoke([("system", SYSTEM), ("user", "Check the March report.")])
+        tid = answer.response_metadata["template_id"]
+        _until(lambda: state.knows_template(tid), "the template learnt")
+        # the worker's cache holds the template: its events, read against the learnt fingerprint, say so
+        _until(lambda: state.holders(tid, [worker.url]) == ({worker.url}, {worker.url}), "the template held")
+        with httpx.Client(base_url=worker.url) as client:
+            client.post("/flush_cache").raise_for_status()  # an idle flush is published at once
+        _until(lambda: state.holders(tid, [worker.url]) == (set(), {worker.url}), "the template gone")
+    finally:
+        model.close()
+        router.close()
+        indexer.close()
+        worker.stop()
+
+
+def test_the_edges_of_the_system_prompt_are_left_out_of_the_fingerprint() -> None:
+    worker = SimWorkerThread(WorkerOptions(time_scale=0.0))
+    worker.start()
+    state = KvState()
+    learner = TemplateTokens(state)
+    short = "Be brief. " * 3  # fewer than 2 x EDGE tokens: learnt as nothing to match, asked once
+    try:
+        learner.want("long", [{"role": "system", "content": SYSTEM}], worker.url)
+        learner.want("short", [{"role": "system", "content": short}], worker.url)
+        _until(lambda: state.knows_template("long") and state.knows_template("short"), "both learnt")
+        with httpx.Client(base_url=worker.url) as client:
+            ids = client.post("/tokenize", json={"prompt": SYSTEM, "add_special_tokens": False}).json()["tokens"]
+        fresh = KvState()
+        fresh.learn_template("inner", ids[EDGE:-EDGE])
+        assert state.fingerprint("long") == fresh.fingerprint("inner") != ()
+        assert state.fingerprint("short") == () and state.holders("short", [worker.url]) is None
+        assert learner.learnt == 2 and learner.failed == 0
+    finally:
+        learner.close()
+        worker.stop()
