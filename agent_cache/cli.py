@@ -59,12 +59,14 @@ def _kv_event_sources(text: str) -> Any:
 
     from agent_cache.routing.kv_indexer import parse_sources
 
-    if importlib.util.find_spec("zmq") is None:
+    from agent_cache.errors import ConfigError
+
+    if importlib.util.find_spec("zmq") is None or importlib.util.find_spec("msgpack") is None:
         raise argparse.ArgumentTypeError("KV events need pyzmq and msgpack: pip install 'agent-cache[kv]'")
     try:
         return parse_sources(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
 
 
 def _kv_events_config(text: str) -> str:

@@ -145,15 +145,15 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig, router: Router | None = None) -> None:
         self.config = config
-        self.kv_indexer = None if config.kv_events is None else KvIndexer(KvState(), config.kv_events).start()
+        kv = None if config.kv_events is None else KvState()  # followed by an indexer, started last
         self.router = router if router is not None else Router(
             config.workers, redis_url=config.redis_url, prefix=config.prefix, probe_interval=config.probe_interval,
             max_attempts=config.max_attempts, first_byte_floor=config.first_byte_floor,
-            allow_empty=bool(config.fleet.dns), kv_events=None if self.kv_indexer is None else self.kv_indexer.state)
+            allow_empty=bool(config.fleet.dns), kv_events=kv)
+        if kv is not None and self.router.kv_events is not kv:
+            raise ConfigError("kv_events", "the router given has its own KvState: feed it a KvIndexer instead")
         kv = self.router.kv_events  # the templates' tokens are learnt from the workers to read their events
         learner = None if kv is None else TemplateTokens(kv, api_key=config.worker_api_key)
-        if self.kv_indexer is not None:
-            KV_METRICS.add(self.kv_indexer, learner)
         self.registry = TemplateRegistry(self.router.store)
         self.fleet = fleet_for(config.redis_url, config.prefix, self.router, config.fleet)
         self.metrics = _process_metrics()
@@ -167,6 +167,10 @@ class Gateway:
                                timeout=config.timeout, max_attempts=config.max_attempts,
                                early_sends=self.metrics.early_sends,
                                count=lambda path, status: self.metrics.requests.labels(path, status).inc())
+        self.kv_indexer = None
+        if config.kv_events is not None and kv is not None:
+            self.kv_indexer = KvIndexer(kv, config.kv_events).start()
+            KV_METRICS.add(self.kv_indexer, learner)
 
     # --- pieces -----------------------------------------------------------------
 
@@ -341,8 +345,9 @@ class Gateway:
         await self.limits.aclose()
         await asyncio.to_thread(self.fleet.stop)
         await self.transport.aclose()
-        self.forward.served.close()  # the registry, and the template learner with KV events
+        await asyncio.to_thread(self.forward.served.close)  # the registry, and the learner with KV events
         if self.kv_indexer is not None:
+            KV_METRICS.remove(self.kv_indexer)
             await asyncio.to_thread(self.kv_indexer.close)
         await self.router.aclose()
 

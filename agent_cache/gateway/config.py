@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 from agent_cache.backends.request_check import TENANT_FIELDS
 from agent_cache.errors import ConfigError
 from agent_cache.gateway.keys import ApiKey
+from agent_cache.routing.config import parse_workers
 from agent_cache.routing.first_byte import DEFAULT_FLOOR
 from agent_cache.routing.fleet import FleetConfig
 from agent_cache.routing.kv_indexer import EventSource
@@ -68,7 +69,10 @@ class GatewayConfig:
         if self.transport not in TRANSPORTS:
             raise ConfigError("transport", f"expected one of {list(TRANSPORTS)}, got {self.transport!r}")
         if self.kv_events is not None:
-            urls = {(w if isinstance(w, str) else str(w.get("url", ""))).rstrip("/") for w in self.workers}
+            if not isinstance(self.kv_events, Mapping) or not all(
+                    isinstance(v, EventSource) for v in self.kv_events.values()):
+                raise ConfigError("kv_events", "expected worker URL -> EventSource (see routing.kv_indexer)")
+            urls = {w.url for w in parse_workers(self.workers, allow_empty=True)}
             strangers = sorted(set(self.kv_events) - urls)
             if strangers:
                 raise ConfigError("kv_events", f"{strangers} are not among the workers: name each worker's "

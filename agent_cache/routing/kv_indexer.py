@@ -20,11 +20,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from agent_cache.errors import ConfigError
 from agent_cache.kv_events import AllBlocksCleared, decode_batch, sequence_of
 from agent_cache.routing.kv_state import KvState
 
 log = logging.getLogger(__name__)
 REPLAY_TIMEOUT_MS = 2000
+ZMQ_SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
 @dataclass(frozen=True)
@@ -72,17 +74,24 @@ class KvIndexer:
         poller = zmq.Poller()
         for sock in (*self._subs, *self._monitors):
             poller.register(sock, zmq.POLLIN)
-        while not self._stop.is_set():
-            for sub, _ in poller.poll(100):
-                if sub in self._monitors:
-                    recv_monitor_message(sub)
-                    self._resync.add(self._monitors[sub])  # its next batch checks whether it restarted
-                    continue
-                frames = sub.recv_multipart()
-                if len(frames) != 3:
-                    self.bad += 1
-                    continue
-                self._receive(self._subs[sub], sequence_of(frames[1]), frames[2])
+        try:
+            while not self._stop.is_set():
+                for sub, _ in poller.poll(100):
+                    if sub in self._monitors:
+                        recv_monitor_message(sub)
+                        self._resync.add(self._monitors[sub])  # its next batch checks whether it restarted
+                        continue
+                    frames = sub.recv_multipart()
+                    if len(frames) != 3:
+                        self.bad += 1
+                        continue
+                    self._receive(self._subs[sub], sequence_of(frames[1]), frames[2])
+        except Exception:  # never a frozen tree taken for the truth: every worker unknown, the marks decide
+            log.exception("the KV event subscriber stopped")
+            for url in self.sources:
+                self.state.disconnected(url)
+        finally:
+            self._close_sockets()  # here: a ZeroMQ socket belongs to the thread that uses it
 
     def _receive(self, url: str, seq: int, payload: bytes) -> None:
         src = self.sources[url]
@@ -150,24 +159,39 @@ class KvIndexer:
             sock.close()
         return out
 
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=2)
+    def _close_sockets(self) -> None:
         for sub in self._subs:
             sub.disable_monitor()
             sub.close(linger=0)
         for mon in self._monitors:
             mon.close(linger=0)
 
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=REPLAY_TIMEOUT_MS / 1000 + 2)  # a replay fetch ends first
+        elif self._thread.ident is None:  # never started: nobody else closes them
+            self._close_sockets()
+
 
 def parse_sources(text: str) -> dict[str, EventSource]:
-    """``URL=ENDPOINT[|REPLAY]`` pairs, comma-separated (``--kv-events``)."""
+    """``URL=ENDPOINT[|REPLAY]`` pairs, comma-separated (``--kv-events``); each URL normalised as
+    ``--workers`` normalises it. Raises :class:`ConfigError` naming ``kv_events``."""
+    from agent_cache.backends.sglang import normalize_worker_url
+
     out: dict[str, EventSource] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         url, sep, rest = part.partition("=")
         if not sep or not rest:
-            raise ValueError(f"expected URL=ENDPOINT[|REPLAY_ENDPOINT], got {part!r}")
-        endpoint, _, replay = rest.partition("|")
-        out[url.rstrip("/")] = EventSource(endpoint, replay or None)
+            raise ConfigError("kv_events", f"expected URL=ENDPOINT[|REPLAY_ENDPOINT], got {part!r}")
+        endpoint, replay = (ep.strip() for ep in rest.partition("|")[::2])
+        for ep in filter(None, (endpoint, replay)):
+            if not ep.startswith(ZMQ_SCHEMES):
+                raise ConfigError("kv_events", f"{ep!r} is not a ZeroMQ endpoint ({', '.join(ZMQ_SCHEMES)}...)")
+        url = normalize_worker_url(url.strip(), "kv_events")
+        if url in out:
+            raise ConfigError("kv_events", f"{url} is named twice")
+        out[url] = EventSource(endpoint, replay or None)
+    if not out:
+        raise ConfigError("kv_events", "name at least one worker's publisher: URL=ENDPOINT[|REPLAY_ENDPOINT]")
     return out

@@ -2,7 +2,8 @@
 
 Collected from the live indexers of this process when ``/metrics`` is read
 (registered once on prometheus_client's default registry, as the routers'
-metrics are), so nothing is counted twice and nothing runs on a call's path.
+metrics are), so nothing runs on a call's path. Two indexers following one
+worker in one process report it once (they read the same events).
 """
 
 from __future__ import annotations
@@ -33,9 +34,13 @@ class _KvCollector(Collector):
                 REGISTRY.register(self)
                 self._registered = True
 
+    def remove(self, indexer: KvIndexer) -> None:
+        with self._lock:
+            self._parts.pop(indexer, None)
+
     def collect(self) -> Iterator[Metric]:
-        known = GaugeMetricFamily("agent_cache_kv_worker_known",
-                                  "1 while the worker's KV events are complete (a gap or a drop makes it 0)",
+        known = GaugeMetricFamily("agent_cache_kv_worker_known", "1 while the worker's KV events are complete "
+                                  "since a cache reset (0: never heard, events lost, or a restart seen)",
                                   labels=["worker"])
         cached = GaugeMetricFamily("agent_cache_kv_cached_tokens", "tokens the worker's radix tree holds, "
                                    "from its KV events", labels=["worker"])
@@ -46,11 +51,11 @@ class _KvCollector(Collector):
             ("template_lookups_failed", "template tokenizations a worker did not answer"))}
         values = dict.fromkeys(counters, 0.0)
         learnt = 0
+        workers: dict[str, int | None] = {}
         for indexer, learner in list(self._parts.items()):
-            for url, tokens in indexer.state.workers().items():
-                known.add_metric([url], float(tokens is not None))
-                if tokens is not None:
-                    cached.add_metric([url], float(tokens))
+            heard = indexer.state.workers()
+            for url in indexer.sources:
+                workers.setdefault(url, heard.get(url))
             learnt += indexer.state.templates
             values["batches"] += indexer.batches
             values["replayed"] += indexer.replayed
@@ -58,6 +63,10 @@ class _KvCollector(Collector):
             values["undecodable"] += indexer.bad
             if learner is not None:
                 values["template_lookups_failed"] += learner.failed
+        for url, tokens in workers.items():
+            known.add_metric([url], float(tokens is not None))
+            if tokens is not None:
+                cached.add_metric([url], float(tokens))
         templates.add_metric([], float(learnt))
         yield from (known, cached, templates)
         for name, family in counters.items():

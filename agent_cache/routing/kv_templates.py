@@ -35,10 +35,10 @@ TOKENIZE_TIMEOUT = 5.0
 
 
 def system_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
-    """The text of the leading system message (a template's stable start), if there is one."""
-    from agent_cache.templates.canonical import content_text
+    """The text of the leading system (or developer) message: a template's stable start."""
+    from agent_cache.templates.canonical import STABLE_ROLES, content_text
 
-    if not messages or messages[0].get("role") != "system":
+    if not messages or messages[0].get("role") not in STABLE_ROLES:
         return None
     text = content_text(messages[0].get("content"))
     return text or None
@@ -67,6 +67,7 @@ class TemplateTokens:
         self._asked: dict[str, float] = {}  # template -> when asked (queued, or failed and not yet retried)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._closed = False
         self.learnt = 0
         self.failed = 0
 
@@ -84,14 +85,16 @@ class TemplateTokens:
                 return
             if len(self._asked) >= self.state.max_templates:
                 self._asked.clear()  # bounded; a template still unknown is asked again
+            if self._closed:
+                return
             self._asked[template_id] = now
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # first use, or in a forked child
                 self._thread = threading.Thread(target=self._loop, name="kv-templates", daemon=True)
                 self._thread.start()
-        try:
-            self._queue.put_nowait((template_id, text, worker))
-        except queue.Full:
-            pass  # a burst of new templates: the next call of this one asks again after RETRY_AFTER
+            try:  # under the lock: nothing is queued once close() has emptied the queue
+                self._queue.put_nowait((template_id, text, worker))
+            except queue.Full:
+                pass  # a burst of new templates: the next call of this one asks again after RETRY_AFTER
 
     def _loop(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -106,11 +109,15 @@ class TemplateTokens:
             self.learnt += 1
 
     def close(self) -> None:
+        """Stop asking: what is still queued is dropped, the ask under way (if any) ends first."""
         with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is not None:
+            self._closed = True
+            thread = self._thread
+        while True:
             try:
-                self._queue.put(None, timeout=1)
-            except queue.Full:
-                return  # a daemon thread: it ends with the process
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if thread is not None and thread.is_alive():
+            self._queue.put(None)  # the queue was just emptied and nothing is queued after _closed
             thread.join(timeout=TOKENIZE_TIMEOUT + 1)

@@ -242,6 +242,8 @@ class Router(AsyncFace):
             raise ConfigError("session_id", "a non-empty session id is needed to route")
         check_tenant(request.tenant)
         pool, kv, tid = self.pool_for(request), self.kv_events, request.template_id
+        if self.extra_key_for(request.tenant) is not None:
+            kv = None  # events carry no extra_key: another tenant's copy of the same text is no hit for this one
         specs = self._specs(pool, exclude, trials)
         return RouteQuery(request.tenant, session_key(request.session_id), tid, pool,
                           specs if kv is None else kv.annotate(tid, specs), request.prompt_tokens_estimate)

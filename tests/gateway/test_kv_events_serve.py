@@ -87,3 +87,15 @@ def test_a_new_session_goes_where_the_events_say_the_template_is(workers, kv_eve
         assert _metric(metrics, "agent_cache_kv_template_lookups_failed_total") == 0.0
         assert _metric(metrics, "agent_cache_kv_undecodable_total") == 0.0
         assert (_metric(metrics, "agent_cache_kv_batches_total") or 0) >= 3
+
+
+def test_publishers_are_named_by_the_workers_urls_as_the_gateway_normalises_them() -> None:
+    from agent_cache.errors import ConfigError
+    from agent_cache.gateway import GatewayConfig
+    from agent_cache.routing.kv_indexer import parse_sources
+
+    sources = parse_sources("http://w0:30000/v1=tcp://w0:5557")
+    GatewayConfig([{"url": "http://w0:30000/v1/", "pool": "big"}], kv_events=sources)  # the same worker
+    with pytest.raises(ConfigError, match="not among the workers") as err:
+        GatewayConfig(["http://w1:30000"], kv_events=sources)
+    assert err.value.field == "kv_events"

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from agent_cache.bench.realfleet import free_port
+from agent_cache.errors import ConfigError
 from agent_cache.kv_events import KVEventBatch
 from agent_cache.routing.kv_indexer import EventSource, KvIndexer, parse_sources
 from agent_cache.routing.kv_state import KvState
@@ -79,8 +80,9 @@ def test_a_lost_batch_makes_the_worker_unknown_until_it_restarts() -> None:
     assert state.holders("unlearned", [W0]) is None
 
 
-def _route_new(router: Router, tid: str) -> str:
-    placement = router.route(RouteRequest(f"s-{uuid.uuid4().hex[:8]}", template_id=tid, prompt_tokens_estimate=400))
+def _route_new(router: Router, tid: str, tenant: str = "default") -> str:
+    placement = router.route(RouteRequest(f"s-{uuid.uuid4().hex[:8]}", template_id=tid, tenant=tenant,
+                                          prompt_tokens_estimate=400))
     router.done(placement)
     return placement.worker
 
@@ -106,6 +108,35 @@ def test_exact_holders_replace_the_placed_once_marks(backend: str, request: pyte
             {"store": MemoryStore()} if backend == "memory" else {**kwargs, "prefix": kwargs["prefix"] + "b"})) as plain:
         first = _route_new(plain, "t")
         assert _route_new(plain, "t") == first  # without events: the mark decides, as before
+
+
+def test_a_tenant_with_its_own_extra_key_keeps_its_marks() -> None:
+    """SGLang keeps each extra_key's cache apart, and events carry no extra_key: another tenant's copy of
+    the same text on a worker is no hit for this tenant, so its placement ignores the events."""
+    rng = random.Random(3)
+    toks = _tokens(rng, 400)
+    state = KvState()
+    state.learn_template("acme:t", toks)
+    caches = {u: RadixCache(10_000, enable_kv_events=True) for u in (W0, W1, W2)}
+    for u, c in caches.items():
+        _feed(state, u, c, 0)
+    with Router([W0, W1, W2], store=MemoryStore(), probe_interval=None, release_delay=0, kv_events=state) as router:
+        first = _route_new(router, "acme:t", tenant="acme")
+        other = next(u for u in (W0, W1, W2) if u != first)
+        caches[other].insert(toks)  # the same tokens, cached for some other tenant
+        _feed(state, other, caches[other], 1)
+        assert _route_new(router, "acme:t", tenant="acme") == first  # its own mark decides
+        assert _route_new(router, "acme:t") == other  # the default tenant (no extra_key) follows the events
+
+
+def test_event_sources_are_checked_and_named_as_the_workers_are() -> None:
+    assert parse_sources(" http://w0:30000/v1/ = tcp://w0:5557 |ipc:///tmp/r ") == {
+        "http://w0:30000": EventSource("tcp://w0:5557", "ipc:///tmp/r")}
+    for bad, said in [("", "at least one"), ("http://w0=w0:5557", "not a ZeroMQ endpoint"),
+                      ("http://w0=tcp://a:1,http://w0/=tcp://a:2", "named twice"), ("http://w0", "expected URL=")]:
+        with pytest.raises(ConfigError, match=said) as err:
+            parse_sources(bad)
+        assert err.value.field == "kv_events"
 
 
 def test_the_indexer_follows_a_sim_worker_and_its_restart() -> None:

@@ -65,6 +65,8 @@ def test_chat_sglang_learns_its_template_and_finds_it_in_the_workers_events(tool
     router = Router([worker.url], kv_events=state, probe_interval=None)
     model = ChatSGLang(router=router, max_tokens=4)
     try:
+        with httpx.Client(base_url=worker.url) as client:  # an idle flush publishes at once: the indexer hears
+            _until(lambda: client.post("/flush_cache").is_success and state.known(worker.url), "the worker known")
         llm = model.bind_tools(tools) if tools else model
         answer = llm.invoke([("system", SYSTEM), ("user", "Check the March report.")])
         tid = answer.response_metadata["template_id"]
