@@ -250,7 +250,7 @@ class Engine:
     def flush(self) -> bool:
         """``/flush_cache``: SGLang refuses while requests run."""
         flushed = self.model.flush()
-        if flushed and self.kv_events is not None:  # flushed only when idle: the idle loop publishes it
+        if flushed and self.kv_events is not None:  # SGLang flushes only when idle; its idle loop publishes
             self.kv_events.idle(self.model.cache)
         return flushed
 

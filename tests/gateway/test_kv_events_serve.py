@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
 from typing import Iterator
 
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes, free_port
+from agent_cache.bench.realfleet import AgentCacheGateways, Processes, free_port, wait_until
 from agent_cache.sim import SimWorkerThread, WorkerOptions
 
 SYSTEM = " ".join(f"Rule {i}: read the ticket, check file {i * 7 % 13}.py and cite line {i * 11}." for i in range(60))
@@ -44,12 +43,7 @@ def _metric(text: str, name: str, worker: str | None = None) -> float | None:
 
 
 def _wait(gateway: str, ok, what: str) -> None:
-    deadline = time.time() + 15
-    while time.time() < deadline:
-        if ok(httpx.get(gateway + "/metrics").text):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not seen in the gateway's /metrics after 15 s")
+    wait_until(lambda: ok(httpx.get(gateway + "/metrics").text), [], f"{what} in the gateway's /metrics", timeout=15.0)
 
 
 def _chat(client: httpx.Client, session: str, user: str) -> str:

@@ -4,13 +4,12 @@ system prompt's text names the template inside the prompt the worker renders and
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
 
 from agent_cache import ChatSGLang
-from agent_cache.bench.realfleet import free_port
+from agent_cache.bench.realfleet import free_port, wait_until
 from agent_cache.routing.kv_indexer import KvIndexer, parse_sources
 from agent_cache.routing.kv_state import KvState
 from agent_cache.routing.kv_templates import EDGE, RETRY_AFTER, TemplateTokens, system_text
@@ -20,13 +19,8 @@ from agent_cache.sim import SimWorkerThread, WorkerOptions
 SYSTEM = " ".join(f"Step {i}: open report {i * 3}, compare totals, note any mismatch." for i in range(50))
 
 
-def _until(ok, what: str, timeout: float = 10.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if ok():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} after {timeout} s")
+def _until(ok, what: str) -> None:
+    wait_until(ok, [], what, timeout=15.0)
 
 
 def test_system_text_is_the_leading_system_message_only() -> None:
