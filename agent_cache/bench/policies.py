@@ -25,7 +25,7 @@ from typing import Any, Protocol, Sequence
 from agent_cache.kv_events import KVEventBatch
 from agent_cache.placement.rule import Policy
 from agent_cache.routing.kv_state import KvState
-from agent_cache.routing.prewarm import Prewarmer
+from agent_cache.routing.prewarm import Prewarming
 from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.store.base import MetadataStore
 from agent_cache.store.memory import MemoryStore
@@ -233,7 +233,8 @@ class AgentCacheKv(AgentCache):
         self.kv = KvState()
         for r in self.routers:
             r.kv_events = self.kv  # one subscriber's state, as every replica's indexer would build alike
-        self.prewarmer = Prewarmer()
+        self.prewarming = Prewarming(self.routers[0], clock=self._clock)  # planned here, sent by the fleet
+        self.prewarmer = self.prewarming.prewarmer
         self._seq = [0] * workers
         self._prewarms: list[tuple[int, Sequence[int]]] = []
         self._tokens: dict[str, Sequence[int]] = {}
@@ -247,14 +248,7 @@ class AgentCacheKv(AgentCache):
         wi = super().route(call, fleet)
         placement: Placement = call.handle
         if tid and found is not None and placement.outcome.startswith("placed_"):
-            held, _ = found
-            need = len(self._tokens[tid])
-            used = {u: self.kv.cached_tokens(u) for u in self.urls}  # the true KV in use
-            # only where the tree stays within half the pool after it: a prewarm must not evict a session's
-            # prefix, and the pool also holds the running requests' KV outside the tree
-            room = sorted((u for u, n in used.items() if n is not None and n + need <= self.capacity // 2),
-                          key=lambda u: used[u] or 0)
-            for url in self.prewarmer.plan(tid, placement.worker, placement.outcome, held, room, self.now):
+            for url in self.prewarming.targets(tid, len(self._tokens[tid]), placement):  # the product's rule
                 self._prewarms.append((self._index[url], self._tokens[tid]))
         return wi
 

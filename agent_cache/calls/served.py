@@ -1,5 +1,6 @@
 """What follows a served call, for both doors: its template recorded, its trace written, and with
-KV events on, its template's tokens learnt (``routing/kv_templates.py``).
+KV events on, its template's tokens learnt (``routing/kv_templates.py``) and, with prewarming on, the
+template prefilled where the next sessions will want it (``routing/prewarm.py``).
 
 The lifecycle has already settled the attempt (its in-flight count released,
 the worker's usage reported to the store); :meth:`Served.__call__` is the
@@ -14,6 +15,7 @@ from typing import Any, Sequence
 from agent_cache.backends.protocol import Usage
 from agent_cache.calls.prepare import Call
 from agent_cache.routing.kv_templates import TemplateTokens
+from agent_cache.routing.prewarm import Prewarming
 from agent_cache.routing.types import Placement
 from agent_cache.templates.registry import TemplateRegistry
 from agent_cache.traces import TraceWriter
@@ -24,10 +26,11 @@ class Served:
     appends the call to a trace file, ``template_tokens`` (optional) learns templates' token ids."""
 
     def __init__(self, registry: TemplateRegistry, trace: TraceWriter | None = None,
-                 template_tokens: TemplateTokens | None = None) -> None:
+                 template_tokens: TemplateTokens | None = None, prewarming: Prewarming | None = None) -> None:
         self.registry = registry
         self.trace = trace
         self.template_tokens = template_tokens
+        self.prewarming = prewarming
 
     def __call__(self, call: Call, placement: Placement, *, usage: Usage | None = None, text: str = "",
                  messages: Sequence[dict[str, Any]] = (), tools: list[dict[str, Any]] | None = None) -> None:
@@ -35,13 +38,17 @@ class Served:
             self.registry.record(placement.tenant, call.prompt, placement.session_id)  # queued: no I/O here
             if self.template_tokens is not None:  # queued too
                 self.template_tokens.want(call.prompt.template_id, call.prompt.messages, placement.worker)
+            if self.prewarming is not None:  # queued too
+                p = call.prompt
+                self.prewarming.after(p.template_id, p.messages, p.tools, p.template_tokens, placement, call.model)
         if self.trace is not None:
             self.trace.write(call.route.session_id, list(messages), text,
                              usage.completion_tokens if usage else None, time.time(), tools)
 
     def close(self) -> None:
         self.registry.close()
-        if self.template_tokens is not None:
-            self.template_tokens.close()
+        for part in (self.template_tokens, self.prewarming):
+            if part is not None:
+                part.close()
         if self.trace is not None:
             self.trace.close()

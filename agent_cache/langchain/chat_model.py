@@ -29,6 +29,7 @@ from agent_cache.calls.served import Served
 from agent_cache.errors import ConfigError, TemplateError
 from agent_cache.routing.config import check_tenant
 from agent_cache.routing.kv_templates import TemplateTokens
+from agent_cache.routing.prewarm import Prewarming
 from agent_cache.routing.lifecycle import RETRY_BACKOFF, Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, Router
 from agent_cache.telemetry import tracing
@@ -113,6 +114,7 @@ class ChatSGLang(BaseChatModel):
     health_probe_interval: float | None = None
     infer_sessions: bool = True  # a call without a session id: the session of its conversation's start
     trace_path: str | None = None  # append every served call to this trace file (docs/traces.md)
+    prewarm: bool = False  # hot templates prefilled ahead of need; needs router=Router(kv_events=...)
 
     _router: Router = PrivateAttr()
     _templater: Templater = PrivateAttr()
@@ -176,7 +178,8 @@ class ChatSGLang(BaseChatModel):
         # template bookkeeping for calls a worker served (recorded after the call, see _served)
         self._registry = TemplateRegistry(router.store)
         learner = None if router.kv_events is None else TemplateTokens(router.kv_events, api_key=self._key())
-        self._served = Served(self._registry, self._trace, learner)  # learner: templates' tokens, KV events on
+        prewarming = Prewarming(router, api_key=self._key()) if self.prewarm else None
+        self._served = Served(self._registry, self._trace, learner, prewarming)  # the last two: KV events on
         self._router = router
         exit_flush.register(self, ChatSGLang.close)  # a script ending without close() still writes (bounded)
         return self
@@ -184,6 +187,9 @@ class ChatSGLang(BaseChatModel):
     def _check_options(self, router: Router) -> None:
         """Tenant, pool and request options, checked when the model is made rather than at its first call."""
         check_tenant(self.tenant)
+        if self.prewarm and router.kv_events is None:
+            raise ConfigError("prewarm", "prewarming needs the workers' KV events: router=Router(..., "
+                                         "kv_events=KvState()) fed by a KvIndexer (docs/routing.md)")
         if isinstance(self.templates, Templater) and self.templates.tenant != self.tenant:
             raise ConfigError("templates", f"the Templater's tenant {self.templates.tenant!r} is not the model's "
                                            f"{self.tenant!r}")

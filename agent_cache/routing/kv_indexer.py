@@ -4,8 +4,9 @@ One background thread, one ZeroMQ SUB socket per worker (connected to the
 endpoint the worker's ``--kv-events-config`` binds, e.g. ``tcp://*:5557``
 on the worker is ``tcp://worker-host:5557`` here). Never on a call's path:
 routes read the state the thread keeps. With a worker's replay endpoint,
-the thread asks for what it missed: from sequence 0 when it first hears
-the worker (so it sees the start-up ``AllBlocksCleared`` while the
+the thread asks for what it missed: at start, everything the worker still
+buffers from its start-up reset on (so an idle worker is known at once);
+from sequence 0 when it first hears the worker (so it sees the start-up ``AllBlocksCleared`` while the
 publisher still buffers it), and from the first lost sequence number on a
 gap or after the publisher's connection dropped (the worker may have
 restarted, its first batches sent before this socket reconnected).
@@ -58,6 +59,7 @@ class KvIndexer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kv-indexer", daemon=True)
         self._resync: set[str] = set()  # workers whose publisher connection dropped
+        self._replayed_upto: dict[str, int] = {}  # worker -> the last batch applied from its replay at start
         self.batches = 0
         self.replayed = 0
         self.bad = 0
@@ -75,6 +77,7 @@ class KvIndexer:
         for sock in (*self._subs, *self._monitors):
             poller.register(sock, zmq.POLLIN)
         try:
+            self._catch_up()
             while not self._stop.is_set():
                 for sub, _ in poller.poll(100):
                     if sub in self._monitors:
@@ -95,6 +98,11 @@ class KvIndexer:
 
     def _receive(self, url: str, seq: int, payload: bytes) -> None:
         src = self.sources[url]
+        upto = self._replayed_upto.get(url)
+        if upto is not None:
+            if seq <= upto and url not in self._resync:
+                return  # already applied from the replay buffer at start
+            del self._replayed_upto[url]
         if url in self._resync:
             # The connection dropped: a restarted worker may have sent its first batches (its reset among
             # them) before this socket reconnected, and continue at the very number expected. Rebuild from
@@ -117,6 +125,20 @@ class KvIndexer:
                 self._apply(url, s, p)
                 self.replayed += 1
         self._apply(url, seq, payload)
+
+    def _catch_up(self) -> None:
+        """At start, each worker's history from its replay buffer when that still holds its start-up
+        reset: an idle worker is known before it publishes again (its reset went out before this
+        subscriber connected)."""
+        for url, src in self.sources.items():
+            if src.replay_endpoint is None or self.state.next_seq(url) is not None:
+                continue
+            history = self._fetch(src.replay_endpoint, 0, 2**63)
+            if history and history[0][0] == 0 and self._starts_clear(history[0][1]):
+                for s, p in history:
+                    self._apply(url, s, p)
+                    self.replayed += 1
+                self._replayed_upto[url] = history[-1][0]  # the SUB socket may deliver these again
 
     @staticmethod
     def _starts_clear(payload: bytes) -> bool:

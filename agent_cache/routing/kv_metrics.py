@@ -19,17 +19,19 @@ from prometheus_client.registry import Collector
 
 from agent_cache.routing.kv_indexer import KvIndexer
 from agent_cache.routing.kv_templates import TemplateTokens
+from agent_cache.routing.prewarm import Prewarming
 
 
 class _KvCollector(Collector):
     def __init__(self) -> None:
-        self._parts: "weakref.WeakKeyDictionary[KvIndexer, TemplateTokens | None]" = weakref.WeakKeyDictionary()
+        self._parts: "weakref.WeakKeyDictionary[KvIndexer, tuple[TemplateTokens | None, Prewarming | None]]" = \
+            weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._registered = False
 
-    def add(self, indexer: KvIndexer, learner: TemplateTokens | None) -> None:
+    def add(self, indexer: KvIndexer, learner: TemplateTokens | None, prewarming: Prewarming | None = None) -> None:
         with self._lock:
-            self._parts[indexer] = learner
+            self._parts[indexer] = (learner, prewarming)
             if not self._registered:
                 REGISTRY.register(self)
                 self._registered = True
@@ -48,11 +50,14 @@ class _KvCollector(Collector):
         counters = {name: CounterMetricFamily(f"agent_cache_kv_{name}", doc) for name, doc in (
             ("batches", "KV event batches applied"), ("replayed", "batches fetched from a replay endpoint"),
             ("gaps", "batches that arrived after a lost one"), ("undecodable", "batches that did not decode"),
-            ("template_lookups_failed", "template tokenizations a worker did not answer"))}
+            ("template_lookups_failed", "template tokenizations a worker did not answer"),
+            ("prewarms", "templates prefilled ahead of need"), ("prewarm_hits", "new sessions placed on a worker "
+             "because a prewarm put their template there"), ("prewarms_refused", "prewarms a worker's per-minute "
+             "budget refused"), ("prewarms_failed", "prewarms a worker did not answer"))}
         values = dict.fromkeys(counters, 0.0)
         learnt = 0
         workers: dict[str, int | None] = {}
-        for indexer, learner in list(self._parts.items()):
+        for indexer, (learner, prewarming) in list(self._parts.items()):
             heard = indexer.state.workers()
             for url in indexer.sources:
                 workers.setdefault(url, heard.get(url))
@@ -63,6 +68,12 @@ class _KvCollector(Collector):
             values["undecodable"] += indexer.bad
             if learner is not None:
                 values["template_lookups_failed"] += learner.failed
+            if prewarming is not None:
+                c = prewarming.prewarmer.counts
+                values["prewarms"] += c.prewarms
+                values["prewarm_hits"] += c.hits
+                values["prewarms_refused"] += c.refused
+                values["prewarms_failed"] += prewarming.failed
         for url, tokens in workers.items():
             known.add_metric([url], float(tokens is not None))
             if tokens is not None:

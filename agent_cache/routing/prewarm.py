@@ -18,10 +18,24 @@ a worker because it held the template there thanks to a prewarm
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+
+from agent_cache.errors import ConfigError
+from agent_cache.placement.rule import UP
+from agent_cache.routing.kv_templates import system_text
+
+if TYPE_CHECKING:
+    from agent_cache.routing.router import Router
+    from agent_cache.routing.types import Placement
+
+log = logging.getLogger(__name__)
+PREWARM_TIMEOUT = 60.0  # a long template's prefill on a busy worker
 
 
 @dataclass
@@ -93,3 +107,101 @@ class Prewarmer:
         self.counts.prewarms += 1
         self.counts.by_worker[worker] = self.counts.by_worker.get(worker, 0) + 1
         return True
+
+
+class Prewarming:
+    """Acts on a :class:`Prewarmer` in a deployment: after each served call of a new session, the plan's
+    prewarms are sent as one-token chats of the template's first message (and tools) under the tenant's
+    ``extra_key``, on a background thread; never on the call's path.
+
+    A worker is a candidate when the router offers it to the pool's routes (up, not draining) and its
+    KV events say its tree stays within half its KV pool with the template added (the pool also holds
+    the running requests' KV; a prewarm must not evict a session's prefix).
+    """
+
+    MAX_QUEUED = 64
+
+    def __init__(self, router: "Router", *, prewarmer: Prewarmer | None = None,
+                 send: Callable[[str, dict[str, Any]], None] | None = None, api_key: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        if router.kv_events is None:
+            raise ConfigError("kv_events", "prewarming needs the workers' KV events: Router(kv_events=KvState())")
+        self.router, self.kv = router, router.kv_events
+        self.prewarmer = prewarmer or Prewarmer()
+        self._clock = clock
+        self._send = send or (lambda url, body: _send_chat(url, body, api_key))
+        self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue(self.MAX_QUEUED)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.failed = 0
+        self.dropped = 0  # planned while MAX_QUEUED were waiting
+
+    def targets(self, template_id: str, template_tokens: int, placement: "Placement") -> list[str]:
+        """The workers to prefill ``template_id`` on after ``placement`` (also counts the session's start)."""
+        specs = self.router.pool_specs(placement.pool)
+        found = self.kv.holders(template_id, [s.url for s in specs])
+        room: list[str] = []  # the template's tokens not learnt yet: who holds it is unknown, nothing is sent
+        if found is not None:
+            used = {s.url: self.kv.cached_tokens(s.url) for s in specs if s.state == UP}
+            room = sorted((s.url for s in specs if used.get(s.url) is not None
+                           and (used[s.url] or 0) + template_tokens <= s.capacity // 2), key=lambda u: used[u] or 0)
+        held = found[0] if found is not None else frozenset()
+        return self.prewarmer.plan(template_id, placement.worker, placement.outcome, held, room, self._clock())
+
+    def after(self, template_id: str | None, messages: Sequence[Mapping[str, Any]],
+              tools: Sequence[Mapping[str, Any]] | None, template_tokens: int, placement: "Placement",
+              model: str | None = None) -> None:
+        """After a served call: plan (and queue) the prewarms its placement calls for."""
+        if not template_id or not placement.outcome.startswith("placed_") or system_text(messages) is None:
+            return  # only a new session's call, and a template that starts with its stable message
+        for url in self.targets(template_id, template_tokens, placement):
+            body: dict[str, Any] = {"messages": [dict(messages[0])], "max_tokens": 1}
+            if tools:
+                body["tools"] = [dict(t) for t in tools]
+            if model is not None:
+                body["model"] = model
+            extra_key = self.router.extra_key_for(placement.tenant)
+            if extra_key is not None:  # the tenant's own cache namespace, as its calls use
+                body["extra_key"] = extra_key
+            self._queue_send(url, body)
+
+    def _queue_send(self, url: str, body: dict[str, Any]) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="kv-prewarm", daemon=True)
+                self._thread.start()
+            try:
+                self._queue.put_nowait((url, body))
+            except queue.Full:
+                self.dropped += 1
+
+    def _loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                self._send(*item)
+            except Exception as exc:  # the next session of the template pays the prefill, as without prewarming
+                self.failed += 1
+                log.warning("prewarm of %s failed: %s", item[0], exc)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if thread is not None and thread.is_alive():
+            self._queue.put(None)
+            thread.join(timeout=PREWARM_TIMEOUT + 1)
+
+
+def _send_chat(url: str, body: dict[str, Any], api_key: str | None) -> None:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=PREWARM_TIMEOUT).raise_for_status()

@@ -206,6 +206,10 @@ class Router(AsyncFace):
         pools = [w.pool for w in self._workers]
         return DEFAULT_POOL if DEFAULT_POOL in pools or not pools else pools[0]
 
+    def pool_specs(self, pool: str) -> tuple[WorkerSpec, ...]:
+        """The pool's workers as a route sees them now: state (up, down, draining) and KV capacity."""
+        return self._specs(pool, set())
+
     # --- routing --------------------------------------------------------------------
 
     def _specs(self, pool: str, exclude: set[str], trials: set[str] | None = None) -> tuple[WorkerSpec, ...]:
@@ -242,11 +246,11 @@ class Router(AsyncFace):
             raise ConfigError("session_id", "a non-empty session id is needed to route")
         check_tenant(request.tenant)
         pool, kv, tid = self.pool_for(request), self.kv_events, request.template_id
-        if self.extra_key_for(request.tenant) is not None:
-            kv = None  # events carry no extra_key: another tenant's copy of the same text is no hit for this one
         specs = self._specs(pool, exclude, trials)
-        return RouteQuery(request.tenant, session_key(request.session_id), tid, pool,
-                          specs if kv is None else kv.annotate(tid, specs), request.prompt_tokens_estimate)
+        if kv is not None:  # events carry no extra_key: another tenant's copy of the text is no hit for this one
+            specs = kv.annotate(tid, specs, lacks_only=bool(self.extra_key_for(request.tenant)) and kv.ambiguous(tid))
+        return RouteQuery(request.tenant, session_key(request.session_id), tid, pool, specs,
+                          request.prompt_tokens_estimate)
 
     def _degraded(self, request: RouteRequest, query: RouteQuery) -> Placement:
         """Without the store: the worker this process last used for the session, if it can take the call

@@ -93,3 +93,42 @@ def test_publishers_are_named_by_the_workers_urls_as_the_gateway_normalises_them
     with pytest.raises(ConfigError, match="not among the workers") as err:
         GatewayConfig(["http://w1:30000"], kv_events=sources)
     assert err.value.field == "kv_events"
+
+
+@pytest.mark.parametrize("prewarm", [True, False])
+def test_a_hot_template_is_prefilled_on_a_second_worker_before_a_session_needs_it(workers, prewarm: bool) -> None:
+    urls = [w.url for w, _ in workers]
+    args = ["--kv-events", ",".join(src for _, src in workers), "--prefix", f"t-{uuid.uuid4().hex[:8]}",
+            "--prewarm-threshold", "2"]  # hot from its second new session a minute
+    with Processes() as procs:
+        gw = AgentCacheGateways(procs, urls, args=[*args, *(["--prewarm"] if prewarm else [])])
+        # both workers known before either publishes again: their start-up resets replayed at start
+        _wait(gw.urls[0], lambda m: all(_metric(m, "agent_cache_kv_cached_tokens", u) == 0.0 for u in urls),
+              "both workers known and empty")
+        calls = []
+        with httpx.Client(base_url=gw.urls[0], timeout=30) as client:
+            for i in range(8):  # new sessions, spread over both workers once one has its share
+                r = client.post("/v1/chat/completions", headers={"x-session-id": f"s{i}"}, json={
+                    "model": "m", "max_tokens": 4, "tools": TOOLS, "messages": [
+                        {"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Task {i}: fix it."}]})
+                assert r.status_code == 200, r.text
+                calls.append((r.headers["x-agent-cache-worker"], r.json()["usage"]))
+                if i == 1:  # the template is learnt after its first call; wait for it before it gets hot
+                    _wait(gw.urls[0], lambda m: _metric(m, "agent_cache_kv_templates") == 1.0, "a learnt template")
+                if i == 2 and prewarm:  # hot, on one worker: the other is prefilled (a prewarm takes its time)
+                    other = next(u for u in urls if u != calls[0][0])
+                    _wait(gw.urls[0], lambda m: (_metric(m, "agent_cache_kv_cached_tokens", other) or 0) > 1000,
+                          "the template prefilled on the other worker")
+            metrics = httpx.get(gw.urls[0] + "/metrics").text
+    first = calls[0][0]
+    later = [usage for worker, usage in calls if worker != first]
+    assert later, calls  # the second worker got sessions: its first one is the one a prewarm serves
+    cached = later[0]["prompt_tokens_details"]["cached_tokens"]
+    if prewarm:  # the template was there before the session: its first call hits
+        assert cached > 1000, calls
+        assert _metric(metrics, "agent_cache_kv_prewarms_total") == 1.0
+        assert _metric(metrics, "agent_cache_kv_prewarm_hits_total") >= 1.0
+        assert _metric(metrics, "agent_cache_kv_prewarms_failed_total") == 0.0
+    else:
+        assert cached == 0, calls
+        assert _metric(metrics, "agent_cache_kv_prewarms_total") == 0.0

@@ -15,7 +15,7 @@ from agent_cache.errors import ConfigError
 from agent_cache.kv_events import KVEventBatch
 from agent_cache.routing.kv_indexer import EventSource, KvIndexer, parse_sources
 from agent_cache.routing.kv_state import KvState
-from agent_cache.routing.router import RouteRequest, Router
+from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.sim import SimWorkerThread, WorkerOptions
 from agent_cache.sim.radix import RadixCache
 from agent_cache.store.memory import MemoryStore
@@ -110,23 +110,46 @@ def test_exact_holders_replace_the_placed_once_marks(backend: str, request: pyte
         assert _route_new(plain, "t") == first  # without events: the mark decides, as before
 
 
-def test_a_tenant_with_its_own_extra_key_keeps_its_marks() -> None:
-    """SGLang keeps each extra_key's cache apart, and events carry no extra_key: another tenant's copy of
-    the same text on a worker is no hit for this tenant, so its placement ignores the events."""
+def test_a_tenant_with_its_own_extra_key_trusts_a_copy_only_when_no_other_template_shares_its_tokens() -> None:
+    """SGLang keeps each extra_key's cache apart, and events carry no extra_key: where two learnt templates
+    share their tokens (two tenants' copies of one system prompt), a worker holding the tokens may hold the
+    other's copy, no hit for this tenant; a worker holding none holds nobody's copy."""
     rng = random.Random(3)
-    toks = _tokens(rng, 400)
+    shared, own = _tokens(rng, 400), _tokens(rng, 400)
     state = KvState()
-    state.learn_template("acme:t", toks)
+    state.learn_template("acme:t", shared)
+    state.learn_template("beta:t", shared)  # beta's system prompt is the same text
+    state.learn_template("acme:u", own)
+    assert state.ambiguous("acme:t") and state.ambiguous("beta:t") and not state.ambiguous("acme:u")
     caches = {u: RadixCache(10_000, enable_kv_events=True) for u in (W0, W1, W2)}
-    for u, c in caches.items():
-        _feed(state, u, c, 0)
+    seqs = {u: _feed(state, u, c, 0) for u, c in caches.items()}
     with Router([W0, W1, W2], store=MemoryStore(), probe_interval=None, release_delay=0, kv_events=state) as router:
-        first = _route_new(router, "acme:t", tenant="acme")
+
+        def new_session(tenant: str, tid: str) -> Placement:
+            p = router.route(RouteRequest(f"s-{uuid.uuid4().hex[:8]}", template_id=tid, tenant=tenant,
+                                          prompt_tokens_estimate=400))
+            router.done(p)
+            return p
+
+        def cache(url: str, toks: list[int]) -> None:
+            caches[url].insert(toks)
+            seqs[url] = _feed(state, url, caches[url], seqs[url])
+
+        first = new_session("acme", "acme:t").worker  # acme's copy is computed there ...
         other = next(u for u in (W0, W1, W2) if u != first)
-        caches[other].insert(toks)  # the same tokens, cached for some other tenant
-        _feed(state, other, caches[other], 1)
-        assert _route_new(router, "acme:t", tenant="acme") == first  # its own mark decides
-        assert _route_new(router, "acme:t") == other  # the default tenant (no extra_key) follows the events
+        cache(first, shared)
+        cache(other, shared)  # ... and beta's elsewhere
+        caches[first] = RadixCache(10_000, enable_kv_events=True)  # first restarts: acme's copy is gone
+        seqs[first] = _feed(state, first, caches[first], 0)
+        # not first (its events show no copy), not other (its copy may be beta's): least load
+        assert new_session("acme", "acme:t").outcome == "placed_least_load"
+        assert new_session("default", "acme:t").worker == other  # no extra_key: any copy is a hit
+
+        marked = new_session("acme", "acme:u").worker  # its mark is there, its tokens nowhere
+        elsewhere = next(u for u in (W0, W1, W2) if u != marked)
+        cache(elsewhere, own)  # acme's own copy, say from a prewarm: no other template has these tokens
+        placed = new_session("acme", "acme:u")
+        assert (placed.worker, placed.outcome) == (elsewhere, "placed_template")
 
 
 def test_event_sources_are_checked_and_named_as_the_workers_are() -> None:

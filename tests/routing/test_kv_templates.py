@@ -97,3 +97,19 @@ def test_the_edges_of_the_system_prompt_are_left_out_of_the_fingerprint() -> Non
     finally:
         learner.close()
         worker.stop()
+
+
+def test_prewarming_is_refused_without_kv_events_naming_the_option() -> None:
+    from agent_cache.errors import ConfigError
+    from agent_cache.gateway import GatewayConfig
+
+    with Router(["http://127.0.0.1:9"], probe_interval=None) as router:
+        with pytest.raises(ConfigError) as err:
+            ChatSGLang(router=router, prewarm=True)
+        assert err.value.field == "prewarm"
+    with pytest.raises(ConfigError) as err:
+        GatewayConfig(["http://127.0.0.1:9"], prewarm=True)
+    assert err.value.field == "prewarm"
+    with pytest.raises(ConfigError) as err:
+        GatewayConfig(["http://127.0.0.1:9"], prewarm_threshold=0)
+    assert err.value.field == "prewarm_threshold"
