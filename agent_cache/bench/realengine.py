@@ -36,16 +36,19 @@ from typing import Any, Callable, Sequence
 
 from agent_cache.bench import report
 from agent_cache.bench.realfleet import (
-    GATEWAY_POLICY,
+    GATEWAY_KV_POLICY,
+    GATEWAY_POLICIES,
     SMG_POLICIES,
     SMG_TUNING,
     AgentCacheGateways,
     Processes,
     SimWorkers,
     SmgGateways,
+    free_port,
     smg_policy_flags,
     smg_version,
     start_redis,
+    wait_until,
     write_gateway_keys,
 )
 from agent_cache.bench.realload import REAL_POLICIES, CallRecord, Job, ReplicaResult, Replicas
@@ -218,6 +221,40 @@ def metrics(results: Sequence[ReplicaResult], n_sessions: int, start: float, wor
 # --- the run ---------------------------------------------------------------------------
 
 
+KV_COUNTERS = ("prewarms", "prewarm_hits", "prewarms_refused", "prewarms_failed", "gaps", "batches")
+
+
+def _follow_kv_events(workers: SimWorkers, gateway: AgentCacheGateways,
+                      metrics_ports: Sequence[int]) -> Callable[[], dict[str, float]]:
+    """Wait until every gateway knows every worker's cache from its events (the workers were flushed before
+    the gateway subscribed: each is flushed again until its reset is heard); returns a scrape of the
+    gateways' KV counters, summed."""
+    import re
+
+    import httpx
+
+    def scrape(port: int) -> str:
+        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
+
+    def known() -> bool:
+        workers.flush()
+        line = re.compile(r"^agent_cache_kv_worker_known\{.*\} 1\.0$", re.M)
+        return all(len(line.findall(scrape(p))) == len(workers.urls) for p in metrics_ports)
+
+    wait_until(known, gateway.procs, "the gateways following every worker's KV events", timeout=60.0)
+
+    def counts() -> dict[str, float]:
+        out = dict.fromkeys(KV_COUNTERS, 0.0)
+        for p in metrics_ports:
+            text = scrape(p)
+            for name in KV_COUNTERS:
+                found = re.search(rf"^agent_cache_kv_{name}_total (\S+)$", text, re.M)
+                out[name] += float(found.group(1)) if found else 0.0
+        return out
+
+    return counts
+
+
 def _delete_keys(redis_url: str, prefix: str) -> None:
     from agent_cache.store.redis_store import delete_deployment
 
@@ -265,7 +302,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         replicas = stack.enter_context(Replicas(k))
         log(f"starting {n_workers} simulated workers (time scale {time_scale:g}), Redis, {k} load replica(s)")
         workers = SimWorkers(procs, n_workers, time_scale=time_scale, capacity_tokens=capacity,
-                             page_size=args.page_size)
+                             page_size=args.page_size, kv_events=GATEWAY_KV_POLICY in names)
         stack.callback(workers.close)
         redis_url = args.redis or start_redis(procs)
         for name in names:
@@ -276,11 +313,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 assert smg is not None  # check() and _names() admit smg-* policies only when smg is installed
                 gateway = SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls, SMG_TUNING.get(name, ()),
                                       count=gateways)
-            elif name == GATEWAY_POLICY:  # as the agent-cache policy routes: templatize, the run's Redis
+            elif name in GATEWAY_POLICIES:  # as the agent-cache policy routes: templatize, the run's Redis
                 keys = write_gateway_keys(os.path.join(procs.dir, "gateway-keys"), (s.tenant for s in sessions))
+                metrics_ports = [free_port() for _ in range(gateways)] if name == GATEWAY_KV_POLICY else []
+                kv = ["--kv-events", workers.kv_sources, "--prewarm"] if metrics_ports else []
                 gateway = AgentCacheGateways(procs, workers.urls, redis_url=redis_url, count=gateways, args=[
                     "--prefix", f"{run_prefix}-{name}", "--templates", "templatize", "--api-keys", keys,
-                    "--extra-fields", "sim_output", "--timeout", "300"])
+                    "--extra-fields", "sim_output", "--timeout", "300", *kv],
+                    per_gateway_args=[["--metrics-port", str(p)] for p in metrics_ports])
+                if metrics_ports:
+                    kv_scrape = _follow_kv_events(workers, gateway, metrics_ports)
             try:
                 t0 = time.monotonic() + 0.3
                 jobs = [Job(name, sessions[r::k], workers.urls, t0, replica=r, seed=args.seed,
@@ -291,6 +333,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     log(f"{name}: {done}/{len(sessions)} sessions")
 
                 results = replicas.run(jobs, progress)
+                kv_counts = kv_scrape() if name == GATEWAY_KV_POLICY else None
             finally:
                 if gateway is not None:
                     gateway.stop()
@@ -298,6 +341,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             start = t0 + min((s.arrival_s for s in sessions), default=0.0)
             m, ttfts[name] = metrics(results, len(sessions), start, workers.urls, workers.kv_tokens(),
                                      round(time.perf_counter() - t_policy, 1))
+            if kv_counts is not None:
+                m["kv_events"] = kv_counts
             policies[name] = m
             log(f"{name}: {m['sessions_completed']}/{len(sessions)} sessions, {m['calls']} calls, "
                 f"hit rate {m['token_hit_rate']:.1%}, {m['errors']} errors, {m['wall_s']:.1f} s")

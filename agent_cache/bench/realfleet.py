@@ -18,6 +18,7 @@ a ``finally``, so nothing is left running after a failure.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -54,6 +55,8 @@ ROUTING_KEY_HEADER = "x-smg-routing-key"
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
 # agent-cache serve names it here, and takes the session and the tenant's key from these
 GATEWAY_POLICY = "agent-cache-gateway"
+GATEWAY_KV_POLICY = "agent-cache-gateway-kv"  # the same gateway following the workers' KV events, prewarming
+GATEWAY_POLICIES = (GATEWAY_POLICY, GATEWAY_KV_POLICY)
 GATEWAY_WORKER_HEADER = "x-agent-cache-worker"
 GATEWAY_SESSION_HEADER = "x-session-id"
 
@@ -184,21 +187,29 @@ class SimWorkers:
     """N simulated SGLang workers (``agent-cache sim-worker``) on free loopback ports."""
 
     def __init__(self, procs: Processes, n: int, *, time_scale: float, capacity_tokens: int, page_size: int = 1,
-                 max_running_requests: int | None = None, sglang_version: str | None = None) -> None:
+                 max_running_requests: int | None = None, sglang_version: str | None = None,
+                 kv_events: bool = False) -> None:
         self.urls: list[str] = []
         self._procs: list[Proc] = []
+        sources = []  # with kv_events: each worker's publisher, as agent-cache serve --kv-events names it
         for i in range(n):
             port = free_port()
             argv = [sys.executable, "-m", "agent_cache.cli", "sim-worker", "--host", "127.0.0.1", "--port", str(port),
                     "--served-model-name", MODEL, "--time-scale", repr(float(time_scale)),
                     "--max-total-tokens", str(capacity_tokens), "--page-size", str(page_size),
                     "--enable-cache-report", "--enable-metrics", "--log-level", "warning"]
+            if kv_events:
+                pub, replay = free_port(), free_port()
+                argv += ["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{pub}",
+                                                           "replay_endpoint": f"tcp://*:{replay}"})]
+                sources.append(f"http://127.0.0.1:{port}=tcp://127.0.0.1:{pub}|tcp://127.0.0.1:{replay}")
             if max_running_requests is not None:
                 argv += ["--max-running-requests", str(max_running_requests)]
             if sglang_version is not None:
                 argv += ["--sglang-version", sglang_version]
             self._procs.append(procs.start(f"sim-worker-{i}", argv))
             self.urls.append(f"http://127.0.0.1:{port}")
+        self.kv_sources = ",".join(sources)
         self._http = httpx.Client(timeout=5.0)
 
         def healthy() -> bool:
@@ -376,7 +387,7 @@ class AgentCacheGateways:
     (what several gateway replicas behind a load balancer run); ready when each answers /health."""
 
     def __init__(self, procs: Processes, worker_urls: Sequence[str], *, redis_url: str | None = None,
-                 count: int = 1, args: Sequence[str] = ()) -> None:
+                 count: int = 1, args: Sequence[str] = (), per_gateway_args: Sequence[Sequence[str]] = ()) -> None:
         self._procs = procs
         ports = [free_port() for _ in range(count)]
         self.urls = [f"http://127.0.0.1:{port}" for port in ports]
@@ -385,7 +396,7 @@ class AgentCacheGateways:
         try:
             for i, port in enumerate(ports):
                 argv = [sys.executable, "-m", "agent_cache.cli", "serve", "--workers", ",".join(worker_urls),
-                        "--port", str(port), *store, *args]
+                        "--port", str(port), *store, *args, *(per_gateway_args[i] if per_gateway_args else ())]
                 self.procs.append(procs.start(f"agent-cache-serve-{i}", argv))
             for url, proc in zip(self.urls, self.procs):
 

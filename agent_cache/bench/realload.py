@@ -50,7 +50,7 @@ from agent_cache.backends.protocol import (
     sse_payload,
 )
 from agent_cache.bench.realfleet import (
-    GATEWAY_POLICY,
+    GATEWAY_POLICIES,
     GATEWAY_SESSION_HEADER,
     GATEWAY_WORKER_HEADER,
     MODEL,
@@ -65,7 +65,7 @@ from agent_cache.errors import AgentCacheError, BenchProcessError, MalformedResp
 
 CLIENT_POLICIES = ("round-robin", "random", "least-load", "consistent-hash")
 AGENT_CACHE_POLICIES = {"agent-cache": "templatize", "agent-cache-no-templates": "off"}
-REAL_POLICIES = CLIENT_POLICIES + tuple(AGENT_CACHE_POLICIES) + (GATEWAY_POLICY,) + tuple(SMG_POLICIES)
+REAL_POLICIES = CLIENT_POLICIES + tuple(AGENT_CACHE_POLICIES) + GATEWAY_POLICIES + tuple(SMG_POLICIES)
 
 
 @dataclass(frozen=True)
@@ -271,7 +271,7 @@ class _Gateway:
         assert job.gateways, "a gateway policy needs at least one gateway"
         self.urls = list(job.gateways)
         self.next = job.replica  # replicas start on different gateways
-        self.ours = job.policy == GATEWAY_POLICY
+        self.ours = job.policy in GATEWAY_POLICIES
         self.keyed = not self.ours and SMG_POLICIES[job.policy] == "consistent_hashing"
         self.client = client
 
@@ -299,7 +299,7 @@ def call_path(job: Job, client: ChatClient) -> _ClientSide | _AgentCache | _Gate
         return _ClientSide(job, client)
     if job.policy in AGENT_CACHE_POLICIES:
         return _AgentCache(job, client)
-    if job.policy in SMG_POLICIES or job.policy == GATEWAY_POLICY:
+    if job.policy in SMG_POLICIES or job.policy in GATEWAY_POLICIES:
         return _Gateway(job, client)
     raise ValueError(f"unknown policy {job.policy!r}")
 

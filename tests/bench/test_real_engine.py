@@ -30,7 +30,8 @@ from agent_cache.bench.realfleet import (
 from agent_cache.bench.runner import main_bench
 
 SMG = shutil.which("smg")
-POLICIES = ["round-robin", "consistent-hash", "agent-cache"] + (["smg-consistent_hashing"] if SMG else [])
+POLICIES = ["round-robin", "consistent-hash", "agent-cache", "agent-cache-gateway-kv"] + (
+    ["smg-consistent_hashing"] if SMG else [])
 SESSIONS = 8
 DOCUMENTED = ("token_hit_rate", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "mean_session_latency_s",
               "throughput_sessions_per_s", "prompt_tokens_per_s", "output_tokens_per_s", "kv_gb", "load_imbalance",
@@ -91,12 +92,19 @@ def test_every_policy_completes_every_session(tiny) -> None:
         assert m["kv_tokens"] > 0, name  # what the caches hold after the run, evictable tokens included
 
 
+def test_the_kv_gateway_follows_every_workers_events(tiny) -> None:
+    _, doc, _, _ = tiny
+    kv = doc["policies"]["agent-cache-gateway-kv"]["kv_events"]  # summed over the run's 2 gateways
+    assert kv["batches"] > 0 and kv["gaps"] == 0 and kv["prewarms_failed"] == 0, kv
+    assert "kv_events" not in doc["policies"]["agent-cache"]
+
+
 def test_agent_cache_hits_more_and_sessions_stay_on_one_worker(tiny) -> None:
     _, doc, _, _ = tiny
     pol = doc["policies"]
     assert pol["agent-cache"]["token_hit_rate"] >= pol["round-robin"]["token_hit_rate"]
     assert pol["round-robin"]["moves"] > 0 and pol["round-robin"]["sessions_on_one_worker"] < 1.0
-    sticky = ["consistent-hash", "agent-cache"] + (["smg-consistent_hashing"] if SMG else [])
+    sticky = ["consistent-hash", "agent-cache", "agent-cache-gateway-kv"] + (["smg-consistent_hashing"] if SMG else [])
     for name in sticky:
         assert pol[name]["sessions_on_one_worker"] == 1.0, name
         assert pol[name]["moves"] == 0, name
