@@ -2,9 +2,10 @@
 KV events on, its template's tokens learnt (``routing/kv_templates.py``) and, with prewarming on, the
 template prefilled where the next sessions will want it (``routing/prewarm.py``).
 
-The lifecycle has already settled the attempt (its in-flight count released,
-the worker's usage reported to the store); :meth:`Served.__call__` is the
-one hook each door runs once the caller has its answer.
+:meth:`Served.__call__` is the one hook each door runs once the caller has
+its answer (the gateway, just before its lifecycle settles the attempt;
+``ChatSGLang``, once the message is assembled). Nothing in it does I/O on
+the caller's path: each part queues its work for a background thread.
 """
 
 from __future__ import annotations

@@ -100,8 +100,8 @@ class KvIndexer:
         src = self.sources[url]
         upto = self._replayed_upto.get(url)
         if upto is not None:
-            if seq <= upto and url not in self._resync:
-                return  # already applied from the replay buffer at start
+            if seq <= upto and url not in self._resync and not (seq == 0 and self._starts_clear(payload)):
+                return  # already applied from the replay buffer at start (a new reset never is: a restart)
             del self._replayed_upto[url]
         if url in self._resync:
             # The connection dropped: a restarted worker may have sent its first batches (its reset among
@@ -131,6 +131,8 @@ class KvIndexer:
         reset: an idle worker is known before it publishes again (its reset went out before this
         subscriber connected)."""
         for url, src in self.sources.items():
+            if self._stop.is_set():
+                return
             if src.replay_endpoint is None or self.state.next_seq(url) is not None:
                 continue
             history = self._fetch(src.replay_endpoint, 0, 2**63)

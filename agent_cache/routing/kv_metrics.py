@@ -53,7 +53,8 @@ class _KvCollector(Collector):
             ("template_lookups_failed", "template tokenizations a worker did not answer"),
             ("prewarms", "templates prefilled ahead of need"), ("prewarm_hits", "new sessions placed on a worker "
              "because a prewarm put their template there"), ("prewarms_refused", "prewarms a worker's per-minute "
-             "budget refused"), ("prewarms_failed", "prewarms a worker did not answer"))}
+             "budget refused"), ("prewarms_failed", "prewarms a worker did not answer"),
+            ("prewarms_dropped", "prewarms planned while the send queue was full (not sent)"))}
         values = dict.fromkeys(counters, 0.0)
         learnt = 0
         workers: dict[str, int | None] = {}
@@ -74,6 +75,7 @@ class _KvCollector(Collector):
                 values["prewarm_hits"] += c.hits
                 values["prewarms_refused"] += c.refused
                 values["prewarms_failed"] += prewarming.failed
+                values["prewarms_dropped"] += prewarming.dropped
         for url, tokens in workers.items():
             known.add_metric([url], float(tokens is not None))
             if tokens is not None:

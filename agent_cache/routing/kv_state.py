@@ -88,7 +88,6 @@ class KvState:
         self.max_templates = max_templates
         self._workers: dict[str, _Worker] = {}
         self._templates: dict[str, tuple[int, ...]] = {}
-        self._sharing: dict[tuple[int, ...], set[str]] = {}  # fingerprint -> the templates learnt with it
         self._lock = threading.Lock()
         self.gaps = 0  # batches that arrived after a lost one
         self.overflows = 0  # workers dropped past max_tokens
@@ -100,24 +99,8 @@ class KvState:
         fp = fingerprint(token_ids)
         with self._lock:
             if template_id not in self._templates and len(self._templates) >= self.max_templates:
-                self._unshare(next(iter(self._templates)))  # the oldest learned goes
-            self._unshare(template_id)
+                self._templates.pop(next(iter(self._templates)))  # the oldest learned goes
             self._templates[template_id] = fp
-            self._sharing.setdefault(fp, set()).add(template_id)
-
-    def _unshare(self, template_id: str) -> None:
-        fp = self._templates.pop(template_id, None)
-        if fp is not None:
-            ids = self._sharing[fp]
-            ids.discard(template_id)
-            if not ids:
-                del self._sharing[fp]
-
-    def ambiguous(self, template_id: str | None) -> bool:
-        """Another learnt template has the same fingerprint (say, another tenant's copy of one system
-        prompt): a worker holding its tokens may hold either."""
-        fp = self._templates.get(template_id) if template_id else None
-        return fp is not None and len(self._sharing.get(fp, ())) > 1
 
     def knows_template(self, template_id: str) -> bool:
         return template_id in self._templates
@@ -148,8 +131,9 @@ class KvState:
                  lacks_only: bool = False) -> tuple[WorkerSpec, ...]:
         """The route's workers, each marked "held" / "lacks" for the template where its events tell.
 
-        ``lacks_only`` (events do not say whose copy a worker holds, and two templates share the tokens):
-        only the workers holding no copy at all are marked, "lacks"; the others keep the store's marks."""
+        ``lacks_only`` (events do not say whose copy a worker holds, and several cache namespaces,
+        ``extra_key``, are in play): only the workers holding no copy at all are marked, "lacks"; the others
+        keep the store's marks."""
         found = self.holders(template_id, [s.url for s in specs]) if template_id else None
         if found is None:
             return specs  # nothing known: the store's own marks decide, exactly as without events

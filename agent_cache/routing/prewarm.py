@@ -11,9 +11,13 @@ way there, and a prefill beside it would only compute the template twice.)
 
 A prewarm is a one-token request of the template's prompt, sent off the
 call path by whoever acts on :meth:`Prewarmer.plan`; each worker gets at
-most ``per_worker_per_minute`` of them. A *hit* is a new session placed on
-a worker because it held the template there thanks to a prewarm
-(``placed_template`` on a worker prewarmed for it within ``hit_window`` s).
+most ``per_worker_per_minute`` of them, and a worker prewarmed for a
+template counts as holding it for ``pending`` s (its events may lag the
+prefill). A *hit* is the first new session placed on a worker because it
+held the template there thanks to a prewarm (``placed_template`` on a
+worker prewarmed for it within ``hit_window`` s): one per prewarm at most.
+Each router process plans alone: with N gateway replicas a template needs
+N times the rate to be hot in each, and each spends its own budget.
 """
 
 from __future__ import annotations
@@ -50,15 +54,17 @@ class Prewarmer:
     """Which (worker, template) pairs to prefill after a placement; bounded per worker and per minute."""
 
     def __init__(self, *, threshold: float = 6.0, per_worker_per_minute: int = 4, spread: int = 2,
-                 hit_window: float = 120.0) -> None:
+                 hit_window: float = 120.0, pending: float = 60.0) -> None:
         self.threshold = threshold
         self.per_worker_per_minute = per_worker_per_minute
         self.spread = spread
         self.hit_window = hit_window
+        self.pending = pending  # a prewarm's worker counts as holding the template this long (events lag)
         self.counts = PrewarmCounts()
         self._starts: dict[str, deque[float]] = {}  # template -> new-session times within the last minute
         self._sent: dict[str, deque[float]] = {}  # worker -> prewarm times within the last minute
         self._warmed: dict[tuple[str, str], float] = {}  # (template, worker) -> when prewarmed
+        self._unclaimed: set[tuple[str, str]] = set()  # prewarms no session has hit yet
         self._lock = threading.Lock()
 
     def rate(self, template_id: str, now: float) -> float:
@@ -82,11 +88,17 @@ class Prewarmer:
             self._starts.setdefault(template_id, deque()).append(now)
             if len(self._starts) > 10_000:  # bounded: the oldest template's window goes
                 self._starts.pop(next(iter(self._starts)))
-            if outcome == "placed_template" and self._warmed.get((template_id, worker), -1e18) > now - self.hit_window:
+            key = (template_id, worker)
+            if outcome == "placed_template" and key in self._unclaimed \
+                    and self._warmed.get(key, -1e18) > now - self.hit_window:
+                self._unclaimed.discard(key)  # one hit per prewarm: later sessions there hit on their own
                 self.counts.hits += 1
             if self.rate(template_id, now) < self.threshold:
                 return []
-            held = set(holders) | {worker}
+            # a worker prewarmed within `pending` s holds it, as far as this plan goes: its events may not
+            # show the prefill yet, and asking again would prefill it twice
+            held = set(holders) | {worker} | {w for w in candidates
+                                              if self._warmed.get((template_id, w), -1e18) > now - self.pending}
             want = max(self.spread, int(self.rate(template_id, now) / self.threshold))
             if len(held) >= want:
                 return []
@@ -102,8 +114,11 @@ class Prewarmer:
             return False
         q.append(now)
         self._warmed[(template_id, worker)] = now
-        if len(self._warmed) > 10_000:
-            self._warmed.pop(next(iter(self._warmed)))
+        self._unclaimed.add((template_id, worker))
+        if len(self._warmed) > 10_000:  # bounded: the oldest prewarm goes
+            oldest = next(iter(self._warmed))
+            del self._warmed[oldest]
+            self._unclaimed.discard(oldest)
         self.counts.prewarms += 1
         self.counts.by_worker[worker] = self.counts.by_worker.get(worker, 0) + 1
         return True
@@ -197,7 +212,7 @@ class Prewarming:
                 break
         if thread is not None and thread.is_alive():
             self._queue.put(None)
-            thread.join(timeout=PREWARM_TIMEOUT + 1)
+            thread.join(timeout=2)  # best effort: a prefill under way is not waited for (a daemon thread)
 
 
 def _send_chat(url: str, body: dict[str, Any], api_key: str | None) -> None:

@@ -146,6 +146,7 @@ class Router(AsyncFace):
         self.metrics = RouterMetrics(registry)
         self.passive = PassiveHealth(self.health, self.metrics, lambda: self._workers)
         self._clock, self.kv_events = clock, kv_events  # template holders from the workers' KV events
+        self._namespaces: set[str | None] = set()  # extra_keys routed (up to two): KV events' copies are whose?
         self.lease = lease
         self.outbox = Outbox(self.store, self.availability, self._store_failed, clock, release_delay, lease)
         self.prober = Prober(lambda: self._workers, self.health, self.metrics, self._capacity, self._config_changed,
@@ -247,8 +248,10 @@ class Router(AsyncFace):
         check_tenant(request.tenant)
         pool, kv, tid = self.pool_for(request), self.kv_events, request.template_id
         specs = self._specs(pool, exclude, trials)
-        if kv is not None:  # events carry no extra_key: another tenant's copy of the text is no hit for this one
-            specs = kv.annotate(tid, specs, lacks_only=bool(self.extra_key_for(request.tenant)) and kv.ambiguous(tid))
+        if kv is not None:  # events carry no extra_key: with two cache namespaces in play a copy may be another's
+            if len(self._namespaces) < 2:
+                self._namespaces.add(self.extra_key_for(request.tenant))
+            specs = kv.annotate(tid, specs, lacks_only=len(self._namespaces) > 1)
         return RouteQuery(request.tenant, session_key(request.session_id), tid, pool, specs,
                           request.prompt_tokens_estimate)
 

@@ -110,46 +110,38 @@ def test_exact_holders_replace_the_placed_once_marks(backend: str, request: pyte
         assert _route_new(plain, "t") == first  # without events: the mark decides, as before
 
 
-def test_a_tenant_with_its_own_extra_key_trusts_a_copy_only_when_no_other_template_shares_its_tokens() -> None:
-    """SGLang keeps each extra_key's cache apart, and events carry no extra_key: where two learnt templates
-    share their tokens (two tenants' copies of one system prompt), a worker holding the tokens may hold the
-    other's copy, no hit for this tenant; a worker holding none holds nobody's copy."""
+def test_with_two_cache_namespaces_in_play_events_give_only_absence() -> None:
+    """SGLang keeps each extra_key's cache apart (no extra_key is a namespace of its own), and events carry no
+    extra_key: once a router has routed two namespaces, a worker holding a template's tokens may hold another
+    namespace's copy, no hit; a worker holding none holds nobody's. With one namespace, a copy is its own."""
     rng = random.Random(3)
-    shared, own = _tokens(rng, 400), _tokens(rng, 400)
-    state = KvState()
-    state.learn_template("acme:t", shared)
-    state.learn_template("beta:t", shared)  # beta's system prompt is the same text
-    state.learn_template("acme:u", own)
-    assert state.ambiguous("acme:t") and state.ambiguous("beta:t") and not state.ambiguous("acme:u")
-    caches = {u: RadixCache(10_000, enable_kv_events=True) for u in (W0, W1, W2)}
-    seqs = {u: _feed(state, u, c, 0) for u, c in caches.items()}
-    with Router([W0, W1, W2], store=MemoryStore(), probe_interval=None, release_delay=0, kv_events=state) as router:
+    toks = _tokens(rng, 400)
 
-        def new_session(tenant: str, tid: str) -> Placement:
-            p = router.route(RouteRequest(f"s-{uuid.uuid4().hex[:8]}", template_id=tid, tenant=tenant,
-                                          prompt_tokens_estimate=400))
-            router.done(p)
-            return p
+    def fleet() -> tuple[KvState, dict[str, RadixCache], dict[str, int]]:
+        state = KvState()
+        state.learn_template("t", toks)
+        caches = {u: RadixCache(10_000, enable_kv_events=True) for u in (W0, W1, W2)}
+        return state, caches, {u: _feed(state, u, c, 0) for u, c in caches.items()}
 
-        def cache(url: str, toks: list[int]) -> None:
-            caches[url].insert(toks)
-            seqs[url] = _feed(state, url, caches[url], seqs[url])
+    def new_session(router: Router, tenant: str) -> Placement:
+        p = router.route(RouteRequest(f"s-{uuid.uuid4().hex[:8]}", template_id="t", tenant=tenant,
+                                      prompt_tokens_estimate=400))
+        router.done(p)
+        return p
 
-        first = new_session("acme", "acme:t").worker  # acme's copy is computed there ...
-        other = next(u for u in (W0, W1, W2) if u != first)
-        cache(first, shared)
-        cache(other, shared)  # ... and beta's elsewhere
-        caches[first] = RadixCache(10_000, enable_kv_events=True)  # first restarts: acme's copy is gone
-        seqs[first] = _feed(state, first, caches[first], 0)
-        # not first (its events show no copy), not other (its copy may be beta's): least load
-        assert new_session("acme", "acme:t").outcome == "placed_least_load"
-        assert new_session("default", "acme:t").worker == other  # no extra_key: any copy is a hit
-
-        marked = new_session("acme", "acme:u").worker  # its mark is there, its tokens nowhere
-        elsewhere = next(u for u in (W0, W1, W2) if u != marked)
-        cache(elsewhere, own)  # acme's own copy, say from a prewarm: no other template has these tokens
-        placed = new_session("acme", "acme:u")
-        assert (placed.worker, placed.outcome) == (elsewhere, "placed_template")
+    for tenants in (["acme"], ["default", "acme"]):
+        state, caches, seqs = fleet()
+        with Router([W0, W1, W2], store=MemoryStore(), probe_interval=None, release_delay=0,
+                    kv_events=state) as router:
+            marked = [new_session(router, t).worker for t in tenants][-1]  # the template's mark is there ...
+            elsewhere = next(u for u in (W0, W1, W2) if u != marked)
+            caches[elsewhere].insert(toks)  # ... its tokens only elsewhere: whose copy, the events do not say
+            seqs[elsewhere] = _feed(state, elsewhere, caches[elsewhere], seqs[elsewhere])
+            placed = new_session(router, "acme")
+            if len(tenants) == 1:  # one namespace: the copy is acme's own
+                assert (placed.worker, placed.outcome) == (elsewhere, "placed_template")
+            else:  # two: not the marked worker (its events show no copy), not elsewhere (maybe not acme's)
+                assert placed.outcome == "placed_least_load"
 
 
 def test_event_sources_are_checked_and_named_as_the_workers_are() -> None:
