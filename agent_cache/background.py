@@ -1,4 +1,5 @@
-"""Background writes off the call path: a thread that flushes queued work shortly after it is queued.
+"""Background work off the call path: a thread that flushes queued work shortly after it is queued
+(:class:`Flusher`), and a thread that runs queued jobs one by one (:class:`Jobs`).
 
 The router's in-flight releases and the template registry's bookkeeping are
 queued by the call and written here, so a slow or frozen store never stalls
@@ -8,6 +9,7 @@ a call (nor an event loop).
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from typing import Callable
 
@@ -53,3 +55,56 @@ class Flusher:
         self._kicked.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+class Jobs:
+    """A bounded queue of jobs that one daemon thread hands to ``run``, in order, off the caller's path.
+
+    The thread starts with the first job (again in a forked child); a full queue refuses a job
+    (:meth:`submit` returns False). ``run`` handles its own failures; one it lets through is logged and
+    the thread goes on. :meth:`close` drops what is still queued and waits ``join_timeout`` s for the job
+    under way.
+    """
+
+    def __init__(self, run: Callable[..., None], name: str, *, max_queued: int, join_timeout: float) -> None:
+        self._run = run
+        self.name = name
+        self.join_timeout = join_timeout
+        self._queue: queue.Queue[tuple[object, ...] | None] = queue.Queue(max_queued)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def submit(self, *job: object) -> bool:
+        """Queue ``run(*job)``; False when the queue is full or closed (nothing is queued then)."""
+        with self._lock:  # under the lock: nothing is queued once close() has emptied the queue
+            if self.closed:
+                return False
+            if self._thread is None or not self._thread.is_alive():  # first use, or in a forked child
+                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                self._thread.start()
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                return False
+            return True
+
+    def _loop(self) -> None:
+        while (job := self._queue.get()) is not None:
+            try:
+                self._run(*job)
+            except Exception:  # never let the thread die silently
+                logger.exception("%s failed", self.name)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            thread = self._thread
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if thread is not None and thread.is_alive():
+            self._queue.put(None)  # the queue was just emptied and nothing is queued once closed
+            thread.join(timeout=self.join_timeout)

@@ -15,8 +15,10 @@ from typing import Any, Sequence
 
 from agent_cache.backends.protocol import Usage
 from agent_cache.calls.prepare import Call
+from agent_cache.errors import ConfigError
 from agent_cache.routing.kv_templates import TemplateTokens
-from agent_cache.routing.prewarm import Prewarming
+from agent_cache.routing.prewarm import DEFAULT_THRESHOLD, Prewarmer, Prewarming
+from agent_cache.routing.router import Router
 from agent_cache.routing.types import Placement
 from agent_cache.templates.registry import TemplateRegistry
 from agent_cache.traces import TraceWriter
@@ -24,7 +26,8 @@ from agent_cache.traces import TraceWriter
 
 class Served:
     """The bookkeeping after a served call: ``registry`` records templates, ``trace`` (optional)
-    appends the call to a trace file, ``template_tokens`` (optional) learns templates' token ids."""
+    appends the call to a trace file, ``template_tokens`` (optional) learns templates' token ids and
+    ``prewarming`` (optional) prefills hot templates; :meth:`for_router` makes both from a router's options."""
 
     def __init__(self, registry: TemplateRegistry, trace: TraceWriter | None = None,
                  template_tokens: TemplateTokens | None = None, prewarming: Prewarming | None = None) -> None:
@@ -32,6 +35,21 @@ class Served:
         self.trace = trace
         self.template_tokens = template_tokens
         self.prewarming = prewarming
+
+    @classmethod
+    def for_router(cls, registry: TemplateRegistry, router: Router, trace: TraceWriter | None = None, *,
+                   api_key: str | None = None, prewarm: bool = False,
+                   prewarm_threshold: float = DEFAULT_THRESHOLD) -> "Served":
+        """The hook for calls ``router`` places: with its KV events on, templates' tokens are learnt from the
+        workers (``api_key``: theirs) and, with ``prewarm``, hot templates are prewarmed."""
+        kv = router.kv_events
+        if prewarm and kv is None:
+            raise ConfigError("prewarm", "prewarming needs the workers' KV events: Router(..., kv_events="
+                                         "KvState()) fed by a KvIndexer (docs/routing.md)")
+        learner = None if kv is None else TemplateTokens(kv, api_key=api_key)
+        prewarming = Prewarming(router, prewarmer=Prewarmer(threshold=prewarm_threshold),
+                                api_key=api_key) if prewarm else None
+        return cls(registry, trace, learner, prewarming)
 
     def __call__(self, call: Call, placement: Placement, *, usage: Usage | None = None, text: str = "",
                  messages: Sequence[dict[str, Any]] = (), tools: list[dict[str, Any]] | None = None) -> None:

@@ -58,8 +58,6 @@ from agent_cache.routing.conversation import conversation_session
 from agent_cache.routing.kv_indexer import KvIndexer
 from agent_cache.routing.kv_metrics import KV_METRICS
 from agent_cache.routing.kv_state import KvState
-from agent_cache.routing.kv_templates import TemplateTokens
-from agent_cache.routing.prewarm import Prewarmer, Prewarming
 from agent_cache.routing.router import Router
 from agent_cache.telemetry import tracing
 from agent_cache.templates import Templater, TemplateRegistry
@@ -153,10 +151,6 @@ class Gateway:
             allow_empty=bool(config.fleet.dns), kv_events=kv)
         if kv is not None and self.router.kv_events is not kv:
             raise ConfigError("kv_events", "the router given has its own KvState: feed it a KvIndexer instead")
-        kv = self.router.kv_events  # the templates' tokens are learnt from the workers to read their events
-        learner = None if kv is None else TemplateTokens(kv, api_key=config.worker_api_key)
-        prewarming = Prewarming(self.router, prewarmer=Prewarmer(threshold=config.prewarm_threshold),
-                                api_key=config.worker_api_key) if config.prewarm else None
         self.registry = TemplateRegistry(self.router.store)
         self.fleet = fleet_for(config.redis_url, config.prefix, self.router, config.fleet)
         self.metrics = _process_metrics()
@@ -165,7 +159,8 @@ class Gateway:
         self.inflight = 0
         self._tenant_inflight: dict[str, int] = {}  # calls in flight per tenant (concurrency= of the keys file)
         self.limits = RateLimits(config.redis_url, config.prefix)  # rpm= and tpm= of the keys file
-        served = Served(self.registry, template_tokens=learner, prewarming=prewarming)
+        served = Served.for_router(self.registry, self.router, api_key=config.worker_api_key,
+                                   prewarm=config.prewarm, prewarm_threshold=config.prewarm_threshold)
         self.forward = Forward(self.router, self.transport, served, self.limits,
                                timeout=config.timeout, max_attempts=config.max_attempts,
                                early_sends=self.metrics.early_sends,
@@ -173,7 +168,7 @@ class Gateway:
         self.kv_indexer = None
         if config.kv_events is not None and kv is not None:
             self.kv_indexer = KvIndexer(kv, config.kv_events).start()
-            KV_METRICS.add(self.kv_indexer, learner, prewarming)
+            KV_METRICS.add(self.kv_indexer, served.template_tokens, served.prewarming)
 
     # --- pieces -----------------------------------------------------------------
 

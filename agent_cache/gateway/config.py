@@ -12,6 +12,7 @@ from agent_cache.routing.config import parse_workers
 from agent_cache.routing.first_byte import DEFAULT_FLOOR
 from agent_cache.routing.fleet import FleetConfig
 from agent_cache.routing.kv_indexer import EventSource
+from agent_cache.routing.prewarm import DEFAULT_THRESHOLD
 from agent_cache.store.base import DEFAULT_PREFIX
 from agent_cache.templates.templater import TemplateMode
 
@@ -50,7 +51,7 @@ class GatewayConfig:
     transport: str = "httpx"  # to the workers: httpx (the reference) or fast (asyncio + httptools)
     kv_events: Mapping[str, EventSource] | None = None  # worker URL -> its KV event publisher (docs/routing.md)
     prewarm: bool = False  # hot templates prefilled ahead of need (needs kv_events)
-    prewarm_threshold: float = 6.0  # new sessions a minute that make a template hot
+    prewarm_threshold: float = DEFAULT_THRESHOLD  # new sessions a minute that make a template hot
 
     def __post_init__(self) -> None:
         if not self.workers and not self.fleet.dns:

@@ -28,8 +28,6 @@ from agent_cache.calls.prepare import CHAT, Call, prepare
 from agent_cache.calls.served import Served
 from agent_cache.errors import ConfigError, TemplateError
 from agent_cache.routing.config import check_tenant
-from agent_cache.routing.kv_templates import TemplateTokens
-from agent_cache.routing.prewarm import Prewarming
 from agent_cache.routing.lifecycle import RETRY_BACKOFF, Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, Router
 from agent_cache.telemetry import tracing
@@ -156,6 +154,9 @@ class ChatSGLang(BaseChatModel):
         try:
             self._check_options(router)
             self._trace = TraceWriter(self.trace_path) if self.trace_path is not None else None
+            self._registry = TemplateRegistry(router.store)  # templates of served calls, recorded after them
+            self._served = Served.for_router(self._registry, router, self._trace, api_key=self._key(),
+                                             prewarm=self.prewarm)
         except ConfigError:
             if self.router is None:
                 router.close()
@@ -175,11 +176,6 @@ class ChatSGLang(BaseChatModel):
         except TemplateError as exc:
             field = {"mode": "templates", "variables": "template_variables"}.get(exc.field, exc.field)
             raise ConfigError(field, str(exc).split(": ", 1)[-1]) from exc
-        # template bookkeeping for calls a worker served (recorded after the call, see _served)
-        self._registry = TemplateRegistry(router.store)
-        learner = None if router.kv_events is None else TemplateTokens(router.kv_events, api_key=self._key())
-        prewarming = Prewarming(router, api_key=self._key()) if self.prewarm else None
-        self._served = Served(self._registry, self._trace, learner, prewarming)  # the last two: KV events on
         self._router = router
         exit_flush.register(self, ChatSGLang.close)  # a script ending without close() still writes (bounded)
         return self
@@ -187,9 +183,6 @@ class ChatSGLang(BaseChatModel):
     def _check_options(self, router: Router) -> None:
         """Tenant, pool and request options, checked when the model is made rather than at its first call."""
         check_tenant(self.tenant)
-        if self.prewarm and router.kv_events is None:
-            raise ConfigError("prewarm", "prewarming needs the workers' KV events: router=Router(..., "
-                                         "kv_events=KvState()) fed by a KvIndexer (docs/routing.md)")
         if isinstance(self.templates, Templater) and self.templates.tenant != self.tenant:
             raise ConfigError("templates", f"the Templater's tenant {self.templates.tenant!r} is not the model's "
                                            f"{self.tenant!r}")

@@ -88,6 +88,7 @@ class KvState:
         self.max_templates = max_templates
         self._workers: dict[str, _Worker] = {}
         self._templates: dict[str, tuple[int, ...]] = {}
+        self._namespaces: set[str | None] = set()  # the extra_keys of the calls annotated (up to two)
         self._lock = threading.Lock()
         self.gaps = 0  # batches that arrived after a lost one
         self.overflows = 0  # workers dropped past max_tokens
@@ -128,16 +129,20 @@ class KvState:
         return frozenset(held), frozenset(known)
 
     def annotate(self, template_id: str | None, specs: tuple[WorkerSpec, ...], *,
-                 lacks_only: bool = False) -> tuple[WorkerSpec, ...]:
+                 namespace: str | None = None) -> tuple[WorkerSpec, ...]:
         """The route's workers, each marked "held" / "lacks" for the template where its events tell.
 
-        ``lacks_only`` (events do not say whose copy a worker holds, and several cache namespaces,
-        ``extra_key``, are in play): only the workers holding no copy at all are marked, "lacks"; the others
-        keep the store's marks."""
+        ``namespace``: the call's ``extra_key``. Events carry none, and SGLang keeps each namespace's
+        cache apart (no ``extra_key`` is one of its own), so once calls of two namespaces were annotated
+        a worker's copy may be another's: from then on only the workers holding no copy at all are marked,
+        "lacks", and the others keep the store's marks."""
+        if len(self._namespaces) < 2:
+            self._namespaces.add(namespace)
         found = self.holders(template_id, [s.url for s in specs]) if template_id else None
         if found is None:
             return specs  # nothing known: the store's own marks decide, exactly as without events
         held, known = found
+        lacks_only = len(self._namespaces) > 1
         return tuple(s if s.url not in known or (lacks_only and s.url in held)
                      else replace(s, template="held" if s.url in held else "lacks") for s in specs)
 

@@ -20,11 +20,11 @@ router's own marks.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from agent_cache.background import Jobs
 from agent_cache.routing.kv_state import KvState
 
 log = logging.getLogger(__name__)
@@ -63,11 +63,9 @@ class TemplateTokens:
         self.state = state
         self._tokenize = tokenize or (lambda url, text: _sglang_tokenize(url, text, api_key))
         self._clock = clock
-        self._queue: queue.Queue[tuple[str, str, str] | None] = queue.Queue(MAX_QUEUED)
+        self._jobs = Jobs(self._learn, "kv-templates", max_queued=MAX_QUEUED, join_timeout=TOKENIZE_TIMEOUT + 1)
         self._asked: dict[str, float] = {}  # template -> when asked (queued, or failed and not yet retried)
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._closed = False
         self.learnt = 0
         self.failed = 0
 
@@ -85,39 +83,20 @@ class TemplateTokens:
                 return
             if len(self._asked) >= self.state.max_templates:
                 self._asked.clear()  # bounded; a template still unknown is asked again
-            if self._closed:
-                return
             self._asked[template_id] = now
-            if self._thread is None or not self._thread.is_alive():  # first use, or in a forked child
-                self._thread = threading.Thread(target=self._loop, name="kv-templates", daemon=True)
-                self._thread.start()
-            try:  # under the lock: nothing is queued once close() has emptied the queue
-                self._queue.put_nowait((template_id, text, worker))
-            except queue.Full:
-                pass  # a burst of new templates: the next call of this one asks again after RETRY_AFTER
+            # a full queue (a burst of new templates): the next call of this one asks again after RETRY_AFTER
+            self._jobs.submit(template_id, text, worker)
 
-    def _loop(self) -> None:
-        while (item := self._queue.get()) is not None:
-            template_id, text, worker = item
-            try:
-                ids = self._tokenize(worker, text)
-            except Exception as exc:  # a worker down or answering nonsense: the marks decide meanwhile
-                self.failed += 1
-                log.warning("could not learn template %s's tokens from %s: %s", template_id, worker, exc)
-                continue
-            self.state.learn_template(template_id, list(ids)[EDGE:-EDGE] if len(ids) > 2 * EDGE else [])
-            self.learnt += 1
+    def _learn(self, template_id: str, text: str, worker: str) -> None:
+        try:
+            ids = self._tokenize(worker, text)
+        except Exception as exc:  # a worker down or answering nonsense: the marks decide meanwhile
+            self.failed += 1
+            log.warning("could not learn template %s's tokens from %s: %s", template_id, worker, exc)
+            return
+        self.state.learn_template(template_id, list(ids)[EDGE:-EDGE] if len(ids) > 2 * EDGE else [])
+        self.learnt += 1
 
     def close(self) -> None:
         """Stop asking: what is still queued is dropped, the ask under way (if any) ends first."""
-        with self._lock:
-            self._closed = True
-            thread = self._thread
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-        if thread is not None and thread.is_alive():
-            self._queue.put(None)  # the queue was just emptied and nothing is queued after _closed
-            thread.join(timeout=TOKENIZE_TIMEOUT + 1)
+        self._jobs.close()

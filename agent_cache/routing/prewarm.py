@@ -23,13 +23,13 @@ N times the rate to be hot in each, and each spends its own budget.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
+from agent_cache.background import Jobs
 from agent_cache.errors import ConfigError
 from agent_cache.placement.rule import UP
 from agent_cache.routing.kv_templates import system_text
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from agent_cache.routing.types import Placement
 
 log = logging.getLogger(__name__)
+DEFAULT_THRESHOLD = 6.0  # new sessions a minute that make a template hot (the seed's prefetch_threshold)
 PREWARM_TIMEOUT = 60.0  # a long template's prefill on a busy worker
 
 
@@ -53,7 +54,7 @@ class PrewarmCounts:
 class Prewarmer:
     """Which (worker, template) pairs to prefill after a placement; bounded per worker and per minute."""
 
-    def __init__(self, *, threshold: float = 6.0, per_worker_per_minute: int = 4, spread: int = 2,
+    def __init__(self, *, threshold: float = DEFAULT_THRESHOLD, per_worker_per_minute: int = 4, spread: int = 2,
                  hit_window: float = 120.0, pending: float = 60.0) -> None:
         self.threshold = threshold
         self.per_worker_per_minute = per_worker_per_minute
@@ -145,16 +146,14 @@ class Prewarming:
         self.prewarmer = prewarmer or Prewarmer()
         self._clock = clock
         self._send = send or (lambda url, body: _send_chat(url, body, api_key))
-        self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue(self.MAX_QUEUED)
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._closed = False
+        self._jobs = Jobs(self._prefill, "kv-prewarm", max_queued=self.MAX_QUEUED,
+                          join_timeout=2)  # best effort: a prefill under way is not waited for (a daemon thread)
         self.failed = 0
         self.dropped = 0  # planned while MAX_QUEUED were waiting
 
     def targets(self, template_id: str, template_tokens: int, placement: "Placement") -> list[str]:
         """The workers to prefill ``template_id`` on after ``placement`` (also counts the session's start)."""
-        specs = self.router.pool_specs(placement.pool)
+        specs = self.router.specs(placement.pool)
         found = self.kv.holders(template_id, [s.url for s in specs])
         room: list[str] = []  # the template's tokens not learnt yet: who holds it is unknown, nothing is sent
         if found is not None:
@@ -179,40 +178,18 @@ class Prewarming:
             extra_key = self.router.extra_key_for(placement.tenant)
             if extra_key is not None:  # the tenant's own cache namespace, as its calls use
                 body["extra_key"] = extra_key
-            self._queue_send(url, body)
-
-    def _queue_send(self, url: str, body: dict[str, Any]) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="kv-prewarm", daemon=True)
-                self._thread.start()
-            try:
-                self._queue.put_nowait((url, body))
-            except queue.Full:
+            if not self._jobs.submit(url, body):
                 self.dropped += 1
 
-    def _loop(self) -> None:
-        while (item := self._queue.get()) is not None:
-            try:
-                self._send(*item)
-            except Exception as exc:  # the next session of the template pays the prefill, as without prewarming
-                self.failed += 1
-                log.warning("prewarm of %s failed: %s", item[0], exc)
+    def _prefill(self, url: str, body: dict[str, Any]) -> None:
+        try:
+            self._send(url, body)
+        except Exception as exc:  # the next session of the template pays the prefill, as without prewarming
+            self.failed += 1
+            log.warning("prewarm of %s failed: %s", url, exc)
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            thread = self._thread
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-        if thread is not None and thread.is_alive():
-            self._queue.put(None)
-            thread.join(timeout=2)  # best effort: a prefill under way is not waited for (a daemon thread)
+        self._jobs.close()
 
 
 def _send_chat(url: str, body: dict[str, Any], api_key: str | None) -> None:

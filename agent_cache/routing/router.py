@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
+from typing import AbstractSet, Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from agent_cache import exit_flush
 from agent_cache.backends.protocol import Usage
@@ -146,7 +146,6 @@ class Router(AsyncFace):
         self.metrics = RouterMetrics(registry)
         self.passive = PassiveHealth(self.health, self.metrics, lambda: self._workers)
         self._clock, self.kv_events = clock, kv_events  # template holders from the workers' KV events
-        self._namespaces: set[str | None] = set()  # extra_keys routed (up to two): KV events' copies are whose?
         self.lease = lease
         self.outbox = Outbox(self.store, self.availability, self._store_failed, clock, release_delay, lease)
         self.prober = Prober(lambda: self._workers, self.health, self.metrics, self._capacity, self._config_changed,
@@ -207,15 +206,12 @@ class Router(AsyncFace):
         pools = [w.pool for w in self._workers]
         return DEFAULT_POOL if DEFAULT_POOL in pools or not pools else pools[0]
 
-    def pool_specs(self, pool: str) -> tuple[WorkerSpec, ...]:
-        """The pool's workers as a route sees them now: state (up, down, draining) and KV capacity."""
-        return self._specs(pool, set())
-
     # --- routing --------------------------------------------------------------------
 
-    def _specs(self, pool: str, exclude: set[str], trials: set[str] | None = None) -> tuple[WorkerSpec, ...]:
-        """The pool's workers as routes see them; with ``trials``, a half-open worker's trial slot may be
-        offered to this route (added to ``trials``: the caller releases those it does not use)."""
+    def specs(self, pool: str, exclude: AbstractSet[str] = frozenset(),
+              trials: set[str] | None = None) -> tuple[WorkerSpec, ...]:
+        """The pool's workers as routes see them (state, KV capacity); with ``trials``, a half-open worker's
+        trial slot may be offered to this route (added to ``trials``: the caller releases those unused)."""
         version = self._config_version  # read before the workers: a change in between is never kept
         workers = self._workers
         down, offered = self.health.unavailable((w.url for w in workers if w.pool == pool), claim=trials is not None)
@@ -230,7 +226,8 @@ class Router(AsyncFace):
             specs = self._specs_memo[key] = self._make_specs([w for w in workers if w.pool == pool], exclude, down)
         return specs
 
-    def _make_specs(self, members: list[WorkerConfig], exclude: set[str], down: set[str]) -> tuple[WorkerSpec, ...]:
+    def _make_specs(self, members: list[WorkerConfig], exclude: AbstractSet[str],
+                    down: set[str]) -> tuple[WorkerSpec, ...]:
         out = []
         for w in members:
             if w.url in exclude or w.url in down:
@@ -247,11 +244,9 @@ class Router(AsyncFace):
             raise ConfigError("session_id", "a non-empty session id is needed to route")
         check_tenant(request.tenant)
         pool, kv, tid = self.pool_for(request), self.kv_events, request.template_id
-        specs = self._specs(pool, exclude, trials)
-        if kv is not None:  # events carry no extra_key: with two cache namespaces in play a copy may be another's
-            if len(self._namespaces) < 2:
-                self._namespaces.add(self.extra_key_for(request.tenant))
-            specs = kv.annotate(tid, specs, lacks_only=len(self._namespaces) > 1)
+        specs = self.specs(pool, exclude, trials)
+        if kv is not None:  # the route's workers marked held / lacks where their events tell
+            specs = kv.annotate(tid, specs, namespace=self.extra_key_for(request.tenant))
         return RouteQuery(request.tenant, session_key(request.session_id), tid, pool, specs,
                           request.prompt_tokens_estimate)
 
@@ -326,7 +321,7 @@ class Router(AsyncFace):
         if worker is None:
             return None
         try:
-            specs = self._specs(self.pool_for(request), set())
+            specs = self.specs(self.pool_for(request))
         except (RoutingError, ConfigError):
             return None  # the route raises it
         for spec in specs:
