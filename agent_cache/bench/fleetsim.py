@@ -245,6 +245,9 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
                 prompt = call.tmpl if tmpl_form else call.raw
                 if kv:
                     dispatch.template_token_ids = prompt[: dispatch.template_tokens]
+                    # what the session added since its previous call: the prompt's last message
+                    start = max(st.reusable(dispatch.template_id, prompt), dispatch.template_tokens)
+                    dispatch.last_message_ids = prompt[start:]
                 policy.now = now
                 wi = policy.route(dispatch, fleet)
                 reusable = st.reusable(dispatch.template_id, prompt)

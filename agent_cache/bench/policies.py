@@ -24,7 +24,9 @@ from typing import Any, Protocol, Sequence
 
 from agent_cache.kv_events import KVEventBatch
 from agent_cache.placement.rule import Policy
+from agent_cache.routing.config import session_key
 from agent_cache.routing.kv_state import KvState
+from agent_cache.routing.kv_tokens import EDGE
 from agent_cache.routing.prewarm import Prewarming
 from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.store.base import MetadataStore
@@ -42,7 +44,8 @@ class FleetView(Protocol):
 class Dispatch:
     """One call as a router sees it when it is sent; ``handle`` is the policy's own record of it."""
 
-    __slots__ = ("session_id", "tenant", "template_id", "template_tokens", "replica", "handle", "template_token_ids")
+    __slots__ = ("session_id", "tenant", "template_id", "template_tokens", "replica", "handle", "template_token_ids",
+                 "last_message_ids")
 
     def __init__(self, session_id: str, tenant: str, template_id: str, template_tokens: int, replica: int) -> None:
         self.session_id = session_id
@@ -52,6 +55,7 @@ class Dispatch:
         self.replica = replica
         self.handle: Any = None
         self.template_token_ids: Sequence[int] = ()  # the template's token ids (given to policies with kv_events)
+        self.last_message_ids: Sequence[int] = ()  # the prompt's last message's token ids (ditto)
 
 
 class RoutingPolicy:
@@ -169,11 +173,12 @@ class AgentCache(RoutingPolicy):
 
     name = "agent-cache"
     form = "tmpl"
+    url_pattern = "http://worker-{i}"
 
     def __init__(self, workers: int, replicas: int = 1, seed: int = 0, *, capacity: int = 400_000,
                  redis_url: str | None = None, policy: Policy | None = None) -> None:
         super().__init__(workers, replicas, seed)
-        self.urls = [f"http://worker-{i}" for i in range(workers)]
+        self.urls = [self.url_pattern.format(i=i) for i in range(workers)]
         self.capacity = capacity
         self._index = {u: i for i, u in enumerate(self.urls)}
         self._redis = redis_url
@@ -252,6 +257,13 @@ class AgentCacheKv(AgentCache):
                 self._prewarms.append((self._index[url], self._tokens[tid]))
         return wi
 
+    def completed(self, call: Dispatch, worker: int, prompt_tokens: int, cached_tokens: int) -> None:
+        super().completed(call, worker, prompt_tokens, cached_tokens)
+        # what the gateway learns from the worker's /tokenize of the call's last message (calls/served.py)
+        ids = call.last_message_ids
+        self.kv.learn_session(call.tenant, session_key(call.session_id),
+                              ids[EDGE:-EDGE] if len(ids) > 2 * EDGE else (), self.urls[worker])
+
     def kv_batch(self, worker: int, events: list[Any]) -> None:
         self.kv.apply(self.urls[worker], self._seq[worker], KVEventBatch(self.now, events))
         self._seq[worker] += 1
@@ -263,6 +275,14 @@ class AgentCacheKv(AgentCache):
     def prewarm_counts(self) -> dict[str, int]:
         c = self.prewarmer.counts
         return {"sent": c.prewarms, "hits": c.hits, "refused": c.refused, "event_gaps": self.kv.gaps}
+
+
+class AgentCacheRenamed(AgentCache):
+    """The same Router, its workers named otherwise: only the hash that breaks ties differs, so any
+    difference from ``agent-cache`` is chance (the noise floor a claimed difference must clear)."""
+
+    name = "agent-cache-renamed"
+    url_pattern = "http://gpu-{i}.renamed"
 
 
 class AgentCacheNoTemplates(AgentCache):
@@ -296,8 +316,8 @@ class NoCache(Oracle):
 
 
 POLICIES: dict[str, type[RoutingPolicy]] = {p.name: p for p in (
-    RoundRobin, RandomChoice, LeastLoad, ConsistentHash, AgentCache, AgentCacheKv, AgentCacheNoTemplates, Oracle,
-    NoCache)}
+    RoundRobin, RandomChoice, LeastLoad, ConsistentHash, AgentCache, AgentCacheKv, AgentCacheRenamed,
+    AgentCacheNoTemplates, Oracle, NoCache)}
 
 
 def make_policies(names: Sequence[str], workers: int, replicas: int, seed: int, *, capacity: int = 400_000,

@@ -1,7 +1,7 @@
 """``agent-cache bench --preset pressure``: policies under KV-memory pressure and at load.
 
-For each workload (generated ReAct, Reflexion and coding sessions; with
-``--trace``, the trace as well) the fleet's KV capacity is set to a multiple
+For each workload (generated ReAct, Reflexion and coding sessions, or only
+the ``--workload`` given; with ``--trace``, the trace as well) the fleet's KV capacity is set to a multiple
 of the workload's live working set (x1.0, x1.5, x3: measured on the oracle
 run, see :func:`agent_cache.bench.experiment.working_set`). Then, at the capacity
 of x1.5 of the base load's working set (a fixed fleet), each policy's

@@ -97,8 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=("sim", "real"), default="sim",
                    help="sim: virtual-clock fleet simulation; real: real processes (simulated workers, Redis, smg)")
     p.add_argument("--trace", metavar="FILE", help="replay sessions of a JSONL trace instead of generated ones")
-    p.add_argument("--workload", choices=KINDS, help="generated workload kind (default: preset's); coding: "
-                   "long-context software-engineering sessions (15-40 steps, contexts past 30k tokens)")
+    p.add_argument("--workload", choices=KINDS, help="generated workload kind (default: preset's; pressure: that "
+                   "kind only, not all three); coding: long-context software-engineering sessions (15-40 steps, "
+                   "contexts past 30k tokens)")
     p.add_argument("--workers", type=int, help="workers in the fleet")
     p.add_argument("--replicas", type=int, default=1,
                    help="router replicas (sim: policies with local state; real: load-generating router processes)")
@@ -339,7 +340,8 @@ def _add_bands(args: argparse.Namespace, preset: Preset, cfg: FleetConfig, names
 
 def _run_pressure(args: argparse.Namespace, preset: Preset) -> dict[str, Any]:
     log = _logger(args)
-    doc = pressure.run(args, args.workers or preset.workers, log)
+    workloads = {args.workload: pressure.WORKLOADS[args.workload]} if args.workload else pressure.WORKLOADS
+    doc = pressure.run(args, args.workers or preset.workers, log, workloads)
     os.makedirs(args.out, exist_ok=True)
     paths = [os.path.join(args.out, "results.json"), os.path.join(args.out, "results.md")]
     report.write_atomic(paths[0], json.dumps(doc, indent=2) + "\n")

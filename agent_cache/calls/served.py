@@ -1,6 +1,6 @@
 """What follows a served call, for both doors: its template recorded, its trace written, and with
-KV events on, its template's tokens learnt (``routing/kv_templates.py``) and, with prewarming on, the
-template prefilled where the next sessions will want it (``routing/prewarm.py``).
+KV events on, its template's and its last message's tokens learnt (``routing/kv_tokens.py``) and,
+with prewarming on, the template prefilled where the next sessions will want it (``routing/prewarm.py``).
 
 :meth:`Served.__call__` is the one hook each door runs once the caller has
 its answer (the gateway, just before its lifecycle settles the attempt;
@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from agent_cache.backends.protocol import Usage
 from agent_cache.calls.prepare import Call
 from agent_cache.errors import ConfigError
-from agent_cache.routing.kv_templates import TemplateTokens
+from agent_cache.routing.kv_tokens import KvTokens
 from agent_cache.routing.prewarm import DEFAULT_THRESHOLD, Prewarmer, Prewarming
 from agent_cache.routing.router import Router
 from agent_cache.routing.types import Placement
@@ -30,7 +30,7 @@ class Served:
     ``prewarming`` (optional) prefills hot templates; :meth:`for_router` makes both from a router's options."""
 
     def __init__(self, registry: TemplateRegistry, trace: TraceWriter | None = None,
-                 template_tokens: TemplateTokens | None = None, prewarming: Prewarming | None = None) -> None:
+                 template_tokens: KvTokens | None = None, prewarming: Prewarming | None = None) -> None:
         self.registry = registry
         self.trace = trace
         self.template_tokens = template_tokens
@@ -46,7 +46,7 @@ class Served:
         if prewarm and kv is None:
             raise ConfigError("prewarm", "prewarming needs the workers' KV events: Router(..., kv_events="
                                          "KvState()) fed by a KvIndexer (docs/routing.md)")
-        learner = None if kv is None else TemplateTokens(kv, api_key=api_key)
+        learner = None if kv is None else KvTokens(kv, api_key=api_key)
         prewarming = Prewarming(router, prewarmer=Prewarmer(threshold=prewarm_threshold),
                                 api_key=api_key) if prewarm else None
         return cls(registry, trace, learner, prewarming)
@@ -56,7 +56,8 @@ class Served:
         if call.prompt is not None:
             self.registry.record(placement.tenant, call.prompt, placement.session_id)  # queued: no I/O here
             if self.template_tokens is not None:  # queued too
-                self.template_tokens.want(call.prompt.template_id, call.prompt.messages, placement.worker)
+                self.template_tokens.want(call.prompt.template_id, call.prompt.messages, placement.worker,
+                                          tenant=placement.tenant, session_id=placement.session_id)
             if self.prewarming is not None:  # queued too
                 p = call.prompt
                 self.prewarming.after(p.template_id, p.messages, p.tools, p.template_tokens, placement, call.model)

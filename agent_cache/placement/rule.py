@@ -18,7 +18,8 @@ Every term is in one unit, tokens a worker must prefill (see docs/routing.md)::
                  + u * inflight(w)             calls running there now, each still owed its prefill
     new session  -> the cheapest candidate (ties: rendezvous hash)
     pin moves    -> its worker is down / draining / removed; or its prefix was lost there
-                    (cached tokens dropped) and that worker is past its capacity ("evicted")
+                    (its cached tokens dropped, unless its KV events show it resident again;
+                    or they show it evicted) and that worker is past its capacity ("evicted")
                     while another has room; or it is overloaded in calls ("overloaded")
 """
 
@@ -76,6 +77,7 @@ class PinView:
     last_cached: int = 0  # cached tokens reported for the latest step
     prev_cached: int = 0  # ... and for the step before it
     held: int = 0  # the session's tokens counted in its worker's footprint
+    prefix: str = ""  # the worker's KV events show the session's latest prefix "held" there, or "gone"
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,10 @@ def _move_reason(snapshot: Snapshot, policy: Policy) -> str | None:
         return "unhealthy"
     if current.state == DRAINING:
         return "draining"
-    if pin.last_cached >= pin.prev_cached:
+    # lost: the events say so at once; else the reported cached tokens dropped (a step late: that step
+    # prefilled it again, so where the events show it resident again it is intact)
+    lost = pin.prefix == "gone" or (pin.last_cached < pin.prev_cached and pin.prefix != "held")
+    if not lost:
         return None  # the prefix is intact: never move it for balance alone
     healthy = [w for w in snapshot.workers if w.state == UP]
     if current.kv_tokens > current.capacity:

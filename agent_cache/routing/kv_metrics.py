@@ -18,18 +18,18 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from agent_cache.routing.kv_indexer import KvIndexer
-from agent_cache.routing.kv_templates import TemplateTokens
+from agent_cache.routing.kv_tokens import KvTokens
 from agent_cache.routing.prewarm import Prewarming
 
 
 class _KvCollector(Collector):
     def __init__(self) -> None:
-        self._parts: "weakref.WeakKeyDictionary[KvIndexer, tuple[TemplateTokens | None, Prewarming | None]]" = \
+        self._parts: "weakref.WeakKeyDictionary[KvIndexer, tuple[KvTokens | None, Prewarming | None]]" = \
             weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._registered = False
 
-    def add(self, indexer: KvIndexer, learner: TemplateTokens | None, prewarming: Prewarming | None = None) -> None:
+    def add(self, indexer: KvIndexer, learner: KvTokens | None, prewarming: Prewarming | None = None) -> None:
         with self._lock:
             self._parts[indexer] = (learner, prewarming)
             if not self._registered:
@@ -47,28 +47,32 @@ class _KvCollector(Collector):
         cached = GaugeMetricFamily("agent_cache_kv_cached_tokens", "tokens the worker's radix tree holds, "
                                    "from its KV events", labels=["worker"])
         templates = GaugeMetricFamily("agent_cache_kv_templates", "templates whose token fingerprints are learnt")
+        sessions = GaugeMetricFamily("agent_cache_kv_sessions", "sessions whose last message's fingerprint is learnt")
         counters = {name: CounterMetricFamily(f"agent_cache_kv_{name}", doc) for name, doc in (
             ("batches", "KV event batches applied"), ("replayed", "batches fetched from a replay endpoint"),
             ("gaps", "batches that arrived after a lost one"), ("undecodable", "batches that did not decode"),
-            ("template_lookups_failed", "template tokenizations a worker did not answer"),
+            ("token_lookups_failed", "tokenizations (templates, sessions' last messages) a worker did not answer"),
+            ("prefixes_gone", "routes that found, from its events, that the session's worker evicted its prefix"),
             ("prewarms", "templates prefilled ahead of need"), ("prewarm_hits", "new sessions placed on a worker "
              "because a prewarm put their template there"), ("prewarms_refused", "prewarms a worker's per-minute "
              "budget refused"), ("prewarms_failed", "prewarms a worker did not answer"),
             ("prewarms_dropped", "prewarms planned while the send queue was full (not sent)"))}
         values = dict.fromkeys(counters, 0.0)
-        learnt = 0
+        learnt = tails = 0
         workers: dict[str, int | None] = {}
         for indexer, (learner, prewarming) in list(self._parts.items()):
             heard = indexer.state.workers()
             for url in indexer.sources:
                 workers.setdefault(url, heard.get(url))
             learnt += indexer.state.templates
+            tails += indexer.state.sessions
+            values["prefixes_gone"] += indexer.state.prefixes_gone
             values["batches"] += indexer.batches
             values["replayed"] += indexer.replayed
             values["gaps"] += indexer.state.gaps
             values["undecodable"] += indexer.bad
             if learner is not None:
-                values["template_lookups_failed"] += learner.failed
+                values["token_lookups_failed"] += learner.failed
             if prewarming is not None:
                 c = prewarming.prewarmer.counts
                 values["prewarms"] += c.prewarms
@@ -81,7 +85,8 @@ class _KvCollector(Collector):
             if tokens is not None:
                 cached.add_metric([url], float(tokens))
         templates.add_metric([], float(learnt))
-        yield from (known, cached, templates)
+        sessions.add_metric([], float(tails))
+        yield from (known, cached, templates, sessions)
         for name, family in counters.items():
             family.add_metric([], values[name])
             yield family

@@ -14,6 +14,13 @@ depth or the node boundaries it sits at (a window cut by a split is lost
 for both halves, so a template is held when at least
 ``HOLD_FRACTION`` of its anchors are).
 
+A session's latest prefix is fingerprinted the same way, from its last
+message (:meth:`KvState.learn_session`): once that fingerprint was seen
+resident on the session's worker, its absence there means the worker
+evicted the session's tail (LRU evicts leaves first), so the router knows
+the prefix is lost before the next step instead of from that step's
+reported cached tokens (:meth:`KvState.annotate` marks it "gone").
+
 Bounded: a worker's runs are capped (``max_tokens``); past the cap the
 worker's state is dropped and it counts as unknown until its next
 ``AllBlocksCleared``. A gap in a worker's sequence numbers (lost events,
@@ -38,6 +45,7 @@ FINGERPRINT_ANCHORS = 8
 HOLD_FRACTION = 0.75
 DEFAULT_MAX_TOKENS = 4_000_000  # per worker: 10x a 400k-token KV pool
 DEFAULT_MAX_TEMPLATES = 10_000
+DEFAULT_MAX_SESSIONS = 50_000  # about 35 MB
 
 
 def anchors(tokens: Sequence[int]) -> list[int]:
@@ -80,18 +88,29 @@ class _Worker:
     removed: int = 0
 
 
+@dataclass(slots=True)
+class _SessionTail:
+    worker: str  # where the session's latest step ran
+    fingerprint: tuple[int, ...]  # the anchors of that step's last message
+    seen: bool = False  # the fingerprint was resident there at least once since it was learnt
+
+
 class KvState:
     """Which workers hold which templates, and how many tokens each caches, from their KV events."""
 
-    def __init__(self, *, max_tokens: int = DEFAULT_MAX_TOKENS, max_templates: int = DEFAULT_MAX_TEMPLATES) -> None:
+    def __init__(self, *, max_tokens: int = DEFAULT_MAX_TOKENS, max_templates: int = DEFAULT_MAX_TEMPLATES,
+                 max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
         self.max_tokens = max_tokens
         self.max_templates = max_templates
+        self.max_sessions = max_sessions
         self._workers: dict[str, _Worker] = {}
         self._templates: dict[str, tuple[int, ...]] = {}
+        self._sessions: dict[tuple[str, str], _SessionTail] = {}  # (tenant, session key) -> its latest tail
         self._namespaces: set[str | None] = set()  # the extra_keys of the calls annotated (up to two)
         self._lock = threading.Lock()
         self.gaps = 0  # batches that arrived after a lost one
         self.overflows = 0  # workers dropped past max_tokens
+        self.prefixes_gone = 0  # routes that found the session's worker evicted its latest prefix
 
     # --- templates ------------------------------------------------------------------
 
@@ -116,7 +135,6 @@ class KvState:
         fp = self._templates.get(template_id)
         if not fp:
             return None
-        need = max(1, int(len(fp) * HOLD_FRACTION + 0.999))
         held, known = set(), set()
         with self._lock:
             for url in workers:
@@ -124,13 +142,55 @@ class KvState:
                 if w is None or not w.known:
                     continue
                 known.add(url)
-                if sum(1 for a in fp if a in w.anchors) >= need:
+                if _holds(w, fp):
                     held.add(url)
         return frozenset(held), frozenset(known)
 
+    # --- sessions -------------------------------------------------------------------
+
+    def learn_session(self, tenant: str, session_id: str, token_ids: Sequence[int], worker: str) -> None:
+        """Remember the fingerprint of a session's latest step (its last message's token ids, as ``worker``
+        tokenizes them); a last message too short to have an anchor forgets the session instead."""
+        fp = fingerprint(token_ids)
+        key = (tenant, session_id)
+        with self._lock:
+            old = self._sessions.pop(key, None)  # re-inserted last: the oldest learnt goes first past the bound
+            if not fp:
+                return
+            if len(self._sessions) >= self.max_sessions:
+                self._sessions.pop(next(iter(self._sessions)))
+            w = self._workers.get(worker)
+            seen = w is not None and w.known and _holds(w, fp)
+            if old is not None and (old.worker, old.fingerprint) == (worker, fp):
+                seen = seen or old.seen  # the same tail again (a retried step): already seen there
+            self._sessions[key] = _SessionTail(worker, fp, seen)
+
+    def session_prefix(self, tenant: str, session_id: str, worker: str) -> str:
+        """What ``worker``'s events show of the session's latest prefix: "held" (its tail is resident there),
+        "gone" (it was seen resident since it was learnt and is not any more: evicted), "" (not known)."""
+        with self._lock:
+            tail = self._sessions.get((tenant, session_id))
+            w = self._workers.get(worker)
+            if tail is None or tail.worker != worker or w is None or not w.known:
+                return ""
+            if _holds(w, tail.fingerprint):
+                tail.seen = True
+                return "held"
+            return "gone" if tail.seen else ""
+
+    def forget_session(self, tenant: str, session_id: str) -> None:
+        with self._lock:
+            self._sessions.pop((tenant, session_id), None)
+
+    @property
+    def sessions(self) -> int:
+        """Sessions whose latest tail is fingerprinted."""
+        return len(self._sessions)
+
     def annotate(self, template_id: str | None, specs: tuple[WorkerSpec, ...], *,
-                 namespace: str | None = None) -> tuple[WorkerSpec, ...]:
-        """The route's workers, each marked "held" / "lacks" for the template where its events tell.
+                 namespace: str | None = None, session: tuple[str, str] | None = None) -> tuple[WorkerSpec, ...]:
+        """The route's workers, each marked "held" / "lacks" for the template where its events tell, and the
+        session's worker marked "held" / "gone" for its latest prefix (``session``: tenant, session key).
 
         ``namespace``: the call's ``extra_key``. Events carry none, and SGLang keeps each namespace's
         cache apart (no ``extra_key`` is one of its own), so once calls of two namespaces were annotated
@@ -138,6 +198,12 @@ class KvState:
         "lacks", and the others keep the store's marks."""
         if len(self._namespaces) < 2:
             self._namespaces.add(namespace)
+        tail = self._sessions.get(session) if session is not None else None
+        if tail is not None and session is not None:
+            mark = self.session_prefix(*session, tail.worker)
+            self.prefixes_gone += mark == "gone"
+            if mark:
+                specs = tuple(replace(s, prefix=mark) if s.url == tail.worker else s for s in specs)
         found = self.holders(template_id, [s.url for s in specs]) if template_id else None
         if found is None:
             return specs  # nothing known: the store's own marks decide, exactly as without events
@@ -277,6 +343,12 @@ class KvState:
             w.tokens -= len(run.tokens)
             w.removed += 1
             i += len(run.pages)
+
+
+def _holds(w: _Worker, fp: tuple[int, ...]) -> bool:
+    """At least ``HOLD_FRACTION`` of the fingerprint's anchors are resident on ``w``."""
+    need = max(1, int(len(fp) * HOLD_FRACTION + 0.999))
+    return sum(1 for a in fp if a in w.anchors) >= need
 
 
 def _starts_clear(batch: KVEventBatch) -> bool:

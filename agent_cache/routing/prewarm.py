@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 from agent_cache.background import Jobs
 from agent_cache.errors import ConfigError
 from agent_cache.placement.rule import UP
-from agent_cache.routing.kv_templates import system_text
+from agent_cache.routing.kv_tokens import system_text
 
 if TYPE_CHECKING:
     from agent_cache.routing.router import Router

@@ -244,11 +244,10 @@ class Router(AsyncFace):
             raise ConfigError("session_id", "a non-empty session id is needed to route")
         check_tenant(request.tenant)
         pool, kv, tid = self.pool_for(request), self.kv_events, request.template_id
-        specs = self.specs(pool, exclude, trials)
-        if kv is not None:  # the route's workers marked held / lacks where their events tell
-            specs = kv.annotate(tid, specs, namespace=self.extra_key_for(request.tenant))
-        return RouteQuery(request.tenant, session_key(request.session_id), tid, pool, specs,
-                          request.prompt_tokens_estimate)
+        specs, sid = self.specs(pool, exclude, trials), session_key(request.session_id)
+        if kv is not None:  # the route's workers marked (template held / lacks, session gone) as their events tell
+            specs = kv.annotate(tid, specs, namespace=self.extra_key_for(request.tenant), session=(request.tenant, sid))
+        return RouteQuery(request.tenant, sid, tid, pool, specs, request.prompt_tokens_estimate)
 
     def _degraded(self, request: RouteRequest, query: RouteQuery) -> Placement:
         """Without the store: the worker this process last used for the session, if it can take the call

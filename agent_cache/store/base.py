@@ -95,12 +95,14 @@ def to_ms(now: float) -> int:
 class WorkerSpec:
     """A worker as the router sees it now: URL, health state, KV capacity in tokens; ``template``:
     what the worker's KV events say of the route's template ("held", "lacks"; "": no events, the
-    store's own marks decide)."""
+    store's own marks decide); ``prefix``: what they say of the session's latest prefix there ("held";
+    "gone": evicted, the move rule treats it as lost; "": not known, the reported cached tokens decide)."""
 
     url: str
     state: str = "up"
     capacity: int = 1
     template: str = ""
+    prefix: str = ""
 
 
 @dataclass(frozen=True)

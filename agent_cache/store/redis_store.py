@@ -332,8 +332,8 @@ def _policy_args(policy: Policy) -> tuple[str, ...]:
 
 def _workers_arg(workers: tuple[WorkerSpec, ...]) -> str:
     """The pool's workers as one script argument (fewer arguments to pack per call)."""
-    return "".join(f"{w.url} {w.state} {int(w.capacity)}{' ' + w.template if w.template else ''}\n"
-                   for w in workers)
+    return "".join(f"{w.url} {w.state} {int(w.capacity)}{' ' + w.template if w.template else ''}"
+                   f"{' prefix=' + w.prefix if w.prefix else ''}\n" for w in workers)
 
 
 def _release_args(releases: ReleaseBatch | Mapping[str, int] | None, source: str | None = None) -> list[Any]:

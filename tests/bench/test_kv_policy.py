@@ -23,6 +23,31 @@ def test_the_kv_policy_learns_every_worker_and_prewarms_a_hot_template_only_wher
     assert simulate(ss, plain, cfg).calls == res.calls
 
 
+def test_the_kv_policy_learns_sessions_last_messages_and_finds_evicted_prefixes_under_pressure() -> None:
+    ss = generate(WorkloadParams(sessions=60, rate=20, seed=4))
+    cfg = FleetConfig(workers=3, capacity_tokens=12_000)  # tight: sessions' prefixes are evicted
+    (pol,) = make_policies(["agent-cache-kv"], 3, 1, 0, capacity=12_000)
+    assert isinstance(pol, AgentCacheKv)
+    res = simulate(ss, pol, cfg)
+    assert res.sessions_done == 60 and res.evicted_tokens > 0
+    assert pol.kv.sessions > 0  # last messages fingerprinted as the workers tokenize them
+    assert pol.kv.prefixes_gone > 0  # and some found evicted before the session's next step
+
+
+def test_the_renamed_router_differs_from_agent_cache_only_where_a_tie_is_broken() -> None:
+    """agent-cache-renamed is the noise floor: the same router, only its workers' names (the tie-breaking hash)."""
+    ss = generate(WorkloadParams(sessions=40, rate=20, seed=5))
+    keys = ("calls", "prompt_tokens", "cached_tokens", "ttfts")
+
+    def run(name: str, workers: int) -> tuple:
+        (pol,) = make_policies([name], workers, 1, 0, capacity=60_000)
+        res = simulate(ss, pol, FleetConfig(workers=workers, capacity_tokens=60_000))
+        return tuple(getattr(res, k) for k in keys)
+
+    assert run("agent-cache", 1) == run("agent-cache-renamed", 1)  # one worker: nothing to break a tie between
+    assert run("agent-cache", 4) != run("agent-cache-renamed", 4)
+
+
 def test_the_cost_measure_runs_on_a_tiny_input() -> None:
     from agent_cache.bench.kv_cost import measure
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -78,3 +79,14 @@ def test_pressure_with_seeds_bands_each_capacity_and_no_sweeps_skips_the_load_se
             lo, mid, hi = c["bands"][name]["token_hit_rate"]
             assert lo <= mid <= hi and lo == min(r[name]["token_hit_rate"] for r in c["runs"])
     assert "Bands over seeds 0, 1" in pressure.markdown(doc)
+
+
+def test_the_pressure_cli_with_a_workload_runs_that_kind_only(tmp_path, monkeypatch) -> None:
+    from agent_cache.bench.runner import main_bench
+
+    monkeypatch.setattr(pressure, "WORKLOADS", {"react": (8, 2.0), "reflexion": (6, 2.0), "coding": (2, 0.5)})
+    out = tmp_path / "out"
+    assert main_bench(["--preset", "pressure", "--workload", "reflexion", "--policies", "agent-cache", "--workers",
+                       "2", "--no-sweeps", "--no-plots", "--quiet", "--out", str(out)]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert list(doc["pressure"]) == ["reflexion"] and doc["pressure"]["reflexion"]["sessions"] == 6

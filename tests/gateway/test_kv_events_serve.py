@@ -78,9 +78,32 @@ def test_a_new_session_goes_where_the_events_say_the_template_is(workers, kv_eve
     # with events: where the template is now; without: where the gateway's own mark says it was
     assert second == (other if kv_events else first)
     if kv_events:
-        assert _metric(metrics, "agent_cache_kv_template_lookups_failed_total") == 0.0
+        assert _metric(metrics, "agent_cache_kv_token_lookups_failed_total") == 0.0
         assert _metric(metrics, "agent_cache_kv_undecodable_total") == 0.0
         assert (_metric(metrics, "agent_cache_kv_batches_total") or 0) >= 3
+
+
+def test_the_gateway_learns_a_sessions_last_message_and_finds_it_evicted(workers) -> None:
+    """Every served call's last message is tokenized by its worker: once the worker's events show it
+    gone (a flush here), the session's next route knows it before that call reports a miss."""
+    urls = [w.url for w, _ in workers]
+    ticket = " ".join(f"Line {i}: TypeError in parse_row at column {i * 3}, value {i * 13 % 97}." for i in range(30))
+    with Processes() as procs, httpx.Client(timeout=30) as direct:
+        gw = AgentCacheGateways(procs, urls, args=["--kv-events", ",".join(src for _, src in workers),
+                                                   "--prefix", f"t-{uuid.uuid4().hex[:8]}"])
+        with httpx.Client(base_url=gw.urls[0], timeout=30) as client:
+            worker = _chat(client, "s1", ticket)
+            _wait(gw.urls[0], lambda m: _metric(m, "agent_cache_kv_sessions") == 1.0
+                  and (_metric(m, "agent_cache_kv_cached_tokens", worker) or 0) > 1000, "the last message learnt")
+            assert _chat(client, "s1", ticket) == worker  # resident: pinned, and seen there
+            direct.post(worker + "/flush_cache").raise_for_status()
+            _wait(gw.urls[0], lambda m: _metric(m, "agent_cache_kv_cached_tokens", worker) == 0.0, "the flush")
+            metrics = httpx.get(gw.urls[0] + "/metrics").text
+            assert _metric(metrics, "agent_cache_kv_prefixes_gone_total") == 0.0
+            _chat(client, "s1", ticket)
+            metrics = httpx.get(gw.urls[0] + "/metrics").text
+    assert _metric(metrics, "agent_cache_kv_prefixes_gone_total") == 1.0
+    assert _metric(metrics, "agent_cache_kv_token_lookups_failed_total") == 0.0
 
 
 def test_publishers_are_named_by_the_workers_urls_as_the_gateway_normalises_them() -> None:

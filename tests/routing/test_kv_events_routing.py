@@ -14,10 +14,13 @@ from agent_cache.bench.realfleet import free_port
 from agent_cache.errors import ConfigError
 from agent_cache.kv_events import KVEventBatch
 from agent_cache.routing.kv_indexer import EventSource, KvIndexer, parse_sources
+from agent_cache.placement.hashing import rendezvous_pick
+from agent_cache.routing.config import session_key
 from agent_cache.routing.kv_state import KvState
 from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.sim import SimWorkerThread, WorkerOptions
 from agent_cache.sim.radix import RadixCache
+from agent_cache.store.base import WorkerSpec
 from agent_cache.store.memory import MemoryStore
 
 W0, W1, W2 = "http://w0", "http://w1", "http://w2"
@@ -188,3 +191,83 @@ def test_the_indexer_follows_a_sim_worker_and_its_restart() -> None:
     finally:
         indexer.close()
         worker.stop()
+
+
+def test_a_session_prefix_is_held_then_gone_as_the_worker_evicts_it() -> None:
+    """The session's last message, fingerprinted: resident -> "held"; evicted (LRU, then a restart) -> "gone";
+    never seen resident since it was learnt (its events not in yet) -> not known, never "gone"."""
+    rng = random.Random(4)
+    history, tail = _tokens(rng, 1_500), _tokens(rng, 300)
+    state = KvState()
+    cache = RadixCache(4_000, enable_kv_events=True)
+    seq = _feed(state, W0, cache, 0)
+    state.learn_session("default", "s1", tail, W0)  # learnt before its blocks are stored: not seen yet
+    assert state.session_prefix("default", "s1", W0) == ""
+    cache.insert(history + tail)
+    seq = _feed(state, W0, cache, seq)
+    assert state.session_prefix("default", "s1", W0) == "held"
+    assert state.session_prefix("default", "s1", W1) == ""  # learnt on W0 only
+    cache.insert(_tokens(rng, 3_000))  # other sessions' calls: LRU evicts s1's leaf, its tail first
+    seq = _feed(state, W0, cache, seq)
+    assert cache.match_prefix(history + tail).length < len(history) + len(tail)
+    assert state.session_prefix("default", "s1", W0) == "gone"
+    specs = state.annotate(None, (WorkerSpec(W0), WorkerSpec(W1)), session=("default", "s1"))
+    assert [s.prefix for s in specs] == ["gone", ""] and state.prefixes_gone == 1
+    state.learn_session("default", "s2", tail[:15], W0)  # shorter than an anchor window: not tracked at all
+    assert state.sessions == 1
+    state.learn_session("default", "s1", tail, W0)
+    cache.insert(history + tail)
+    seq = _feed(state, W0, cache, seq)
+    assert state.session_prefix("default", "s1", W0) == "held"
+    restarted = RadixCache(4_000, enable_kv_events=True)  # a restart: AllBlocksCleared, sequence 0
+    _feed(state, W0, restarted, 0)
+    assert state.session_prefix("default", "s1", W0) == "gone"
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_an_evicted_session_moves_before_its_next_step_and_a_resident_one_stays(
+        backend: str, request: pytest.FixtureRequest) -> None:
+    """Its worker past capacity: the events' "gone" moves the session at once, where the reported cached
+    tokens would move it only after a step that missed; a drop reported while the events show the prefix
+    resident again (that step prefilled it) moves nothing. Without events: today's rule."""
+    rng = random.Random(5)
+    history, tail = _tokens(rng, 1_500), _tokens(rng, 300)
+    urls = [W0, W1, W2]
+    first = rendezvous_pick(session_key("s1"), urls)  # where an idle fleet places s1 (ties: the hash)
+    assert first is not None
+    caps = {u: 5_000 if u == first else 50_000 for u in urls}
+    outcomes: dict[bool, list[str]] = {}
+    for events in (True, False):
+        state = KvState()
+        caches = {u: RadixCache(4_000, enable_kv_events=True) for u in urls}
+        seqs = {u: _feed(state, u, c, 0) for u, c in caches.items()}
+        kwargs: dict = {"store": MemoryStore()} if backend == "memory" else {
+            "redis_url": request.getfixturevalue("redis_url"), "prefix": f"kvs-{uuid.uuid4().hex[:8]}"}
+        seen = []
+        with Router(urls, probe_interval=None, release_delay=0, capacities=caps,
+                    kv_events=state if events else None, **kwargs) as router:
+
+            def step(prompt: int, cached: int) -> Placement:
+                p = router.route(RouteRequest("s1", template_id="t", prompt_tokens_estimate=3_000))
+                router.done(p)
+                router.report(p, prompt_tokens=prompt, cached_tokens=cached)
+                seen.append(p.outcome)
+                return p
+
+            p = step(9_000, 0)  # placed on `first`, now past its capacity
+            assert p.worker == first
+            caches[first].insert(history + tail)
+            seqs[first] = _feed(state, first, caches[first], seqs[first])
+            state.learn_session("default", session_key("s1"), tail, first)
+            step(9_200, 8_900)  # pinned: intact, by both the events and the report
+            caches[first].insert(_tokens(rng, 3_000))  # evicted, before s1's next step
+            seqs[first] = _feed(state, first, caches[first], seqs[first])
+            p = step(9_400, 100)
+            if events:
+                caches[p.worker].insert(history + tail)  # the moved step prefilled it there
+                seqs[p.worker] = _feed(state, p.worker, caches[p.worker], seqs[p.worker])
+                state.learn_session("default", session_key("s1"), tail, p.worker)
+        outcomes[events] = seen
+    assert outcomes[True] == ["placed_least_load", "pinned", "moved:evicted"], outcomes
+    # without events the miss is found only in the reported usage: the step that missed stays, the next moves
+    assert outcomes[False] == ["placed_least_load", "pinned", "pinned"], outcomes

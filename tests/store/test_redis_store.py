@@ -104,7 +104,8 @@ async def test_async_face(redis_server, prefix):
 # --- the Lua script and the Python rule agree ------------------------------------
 
 
-def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
+def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore, marks: bool = False) -> int:
+    """``marks``: the workers carry random KV event marks (template held/lacks, session prefix held/gone)."""
     rng = random.Random(seed)
     urls = [f"http://w{i}:8000" for i in range(rng.randint(2, 5))]
     caps = {u: rng.choice([1000, 5000, 20000]) for u in urls}
@@ -123,6 +124,9 @@ def _scenario(seed: int, memory: MemoryStore, rstore: RedisStore) -> int:
             states = {u: rng.choices(["up", "down", "draining"], [8, 1, 1])[0] for u in urls}
             present = [u for u in urls if rng.random() > 0.05]
             workers = tuple(WorkerSpec(u, states[u], caps[u]) for u in present)
+            if marks:
+                workers = tuple(WorkerSpec(w.url, w.state, w.capacity, rng.choice(["", "held", "lacks"]),
+                                           rng.choice(["", "", "held", "gone"])) for w in workers)
             tenant = rng.choice(["default", "acme"])
             sid = f"s{rng.randint(0, 15)}"
             query = RouteQuery(tenant, sid, rng.choice([None, "t1", "t2", "t3"]), "default", workers, rng.randint(0, 3000))
@@ -186,6 +190,54 @@ def test_lua_script_matches_python_rule(redis_server):
         rstore.close()
     assert total > 2000
     assert moves.get("placed_template", 0) > 0 and moves.get("moved:unhealthy", 0) > 0, moves
+
+
+def test_lua_script_matches_python_rule_with_kv_event_marks(redis_server):
+    """The marks a router fed KV events adds (template held / lacks, the session's prefix held / gone)."""
+    total = 0
+    moves: dict[str, int] = {}
+    for seed in range(20):
+        memory = MemoryStore(session_ttl=60.0, template_window=30.0)
+        rstore = RedisStore(redis_server.url, prefix=f"eqm-{seed}-{random.random()}", session_ttl=60.0,
+                            template_window=30.0)
+        total += _scenario(1000 + seed, memory, rstore, marks=True)
+        for outcome, count in memory.stats(0)["outcomes"].items():
+            moves[outcome] = moves.get(outcome, 0) + count
+        rstore.close()
+    assert total > 1000
+    assert moves.get("moved:evicted", 0) > 0 and moves.get("placed_template", 0) > 0, moves
+
+
+def test_kv_events_prefix_marks_move_an_evicted_session_at_once_and_keep_a_resident_one(redis_server, prefix):
+    """"gone": moved before any drop is reported; "held": a reported drop moves nothing (that step
+    prefilled the prefix again). Both stores alike."""
+    urls = ["http://x:1", "http://y:1", "http://z:1"]
+    results = []
+    for store in (MemoryStore(), RedisStore(redis_server.url, prefix=prefix)):
+        r = store.route(RouteQuery("default", "s1", "t1", "default",
+                                   tuple(WorkerSpec(u, "up", 20_000) for u in urls), 3_000), P, 0.0)
+        first = r.worker
+        spec = lambda mark: tuple(WorkerSpec(u, "up", 5_000 if u == first else 20_000,  # noqa: E731
+                                             prefix=mark if u == first else "") for u in urls)
+        store.report("default", "s1", first, r.epoch, "t1", 9_000, 2_000, 1.0)  # past 5,000 there
+        store.report("default", "s1", first, r.epoch, "t1", 9_500, 8_900, 2.0)  # intact, as reported
+        out = [store.route(RouteQuery("default", "s1", "t1", "default", spec(""), 0), P, 3.0),
+               store.route(RouteQuery("default", "s1", "t1", "default", spec("held"), 0), P, 3.1),
+               store.route(RouteQuery("default", "s1", "t1", "default", spec("gone"), 0), P, 3.2)]
+        moved_to = out[-1].worker
+        store.report("default", "s1", moved_to, out[-1].epoch, "t1", 9_800, 5_000, 4.0)
+        store.report("default", "s1", moved_to, out[-1].epoch, "t1", 9_900, 50, 5.0)  # a drop, reported...
+        held = tuple(WorkerSpec(u, "up", 5_000 if u == moved_to else 20_000, prefix="held" if u == moved_to else "")
+                     for u in urls)
+        out.append(store.route(RouteQuery("default", "s1", "t1", "default", held, 0), P, 6.0))  # ... resident again
+        out.append(store.route(RouteQuery("default", "s1", "t1", "default", tuple(
+            WorkerSpec(w.url, w.state, w.capacity) for w in held), 0), P, 7.0))  # no events: the drop decides
+        results.append((first, [(x.worker, x.outcome) for x in out]))
+        store.close()
+    assert results[0] == results[1]
+    first, seen = results[0]
+    assert [o for _, o in seen] == ["pinned", "pinned", "moved:evicted", "pinned", "moved:evicted"], seen
+    assert seen[2][0] != first
 
 
 def test_lua_and_python_move_a_session_that_lost_its_prefix_alike(redis_server, prefix):

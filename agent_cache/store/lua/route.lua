@@ -53,12 +53,15 @@ if rec[1] then
   end
 end
 
--- ARGV[18]: the pool's workers, one "url state capacity[ held|lacks]" line each (the last field:
--- the template as the worker's KV events show it; absent without events)
-local urls, states, caps, kvt = {}, {}, {}, {}
-for url, state, cap, seen in string.gmatch(ARGV[18], '(%S+) (%S+) (%S+)([^\n]*)\n') do
+-- ARGV[18]: the pool's workers, one "url state capacity[ held|lacks][ prefix=held|gone]" line each (the
+-- marks of the worker's KV events: the template there, the session's latest prefix there; absent without events)
+local urls, states, caps, kvt, pfx = {}, {}, {}, {}, {}
+for url, state, cap, marks in string.gmatch(ARGV[18], '(%S+) (%S+) (%S+)([^\n]*)\n') do
   local i = #urls + 1
-  urls[i], states[i], caps[i], kvt[i] = url, state, tonumber(cap), seen
+  urls[i], states[i], caps[i], kvt[i], pfx[i] = url, state, tonumber(cap), '', ''
+  for m in string.gmatch(marks, '%S+') do
+    if string.sub(m, 1, 7) == 'prefix=' then pfx[i] = string.sub(m, 8) else kvt[i] = m end
+  end
 end
 local n = #urls
 local infl, kvs, ans = {}, {}, {}
@@ -75,7 +78,7 @@ local holders = {}
 if tid ~= '' then
   for _, u in ipairs(redis.call('ZRANGEBYSCORE', tkey, tostring(now - window), '+inf')) do holders[u] = true end
   for i = 1, n do
-    if kvt[i] == ' held' then holders[urls[i]] = true elseif kvt[i] == ' lacks' then holders[urls[i]] = nil end
+    if kvt[i] == 'held' then holders[urls[i]] = true elseif kvt[i] == 'lacks' then holders[urls[i]] = nil end
   end
 end
 
@@ -146,7 +149,8 @@ if pin then
   if not cur then reason = 'removed'
   elseif states[cur] == 'down' then reason = 'unhealthy'
   elseif states[cur] == 'draining' then reason = 'draining'
-  elseif pin.last < pin.prev then  -- an intact prefix never moves for balance alone
+  -- an intact prefix never moves for balance alone (placement._move_reason)
+  elseif pfx[cur] == 'gone' or (pin.last < pin.prev and pfx[cur] ~= 'held') then
     if kvs[cur] > caps[cur] then
       for i = 1, n do
         if states[i] == 'up' and urls[i] ~= pin.worker and kvs[i] + held <= caps[i] then reason = 'evicted'; break end

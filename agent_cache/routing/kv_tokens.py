@@ -1,4 +1,4 @@
-"""Templates' token ids learnt from the workers, so their KV events can name template holders.
+"""Token ids learnt from the workers, so their KV events can name template holders and evicted sessions.
 
 A template's fingerprint (``KvState.learn_template``) must be made of the
 token ids the worker computes. The router sees text, and the chat template
@@ -10,8 +10,13 @@ added) is asked for the template's system prompt once, and the first and
 last ``EDGE`` tokens are dropped before the fingerprint is taken: every
 anchor left lies inside the rendered prompt as well.
 
-Off the call path: a served call only queues its template (:meth:`want`);
-one background thread asks a worker. A failed ask is retried after
+A session's latest prefix is fingerprinted the same way from its last
+message, asked after each of its served calls (:meth:`KvTokens.want_session`),
+so the router knows the worker evicted it before the next step
+(``KvState.learn_session``).
+
+Off the call path: a served call only queues its template and its last
+message (:meth:`KvTokens.want`); one background thread asks a worker. A failed ask is retried after
 ``RETRY_AFTER`` s, by the next call of the template. A system prompt too
 short to have an anchor is learnt as empty, and its holders stay the
 router's own marks.
@@ -44,6 +49,16 @@ def system_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
     return text or None
 
 
+def last_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The text of the last message, unless it is the template's own leading one: a session's newest step."""
+    from agent_cache.templates.canonical import content_text
+
+    if len(messages) < 2:
+        return None
+    text = content_text(messages[-1].get("content"))
+    return text or None
+
+
 def _sglang_tokenize(url: str, text: str, api_key: str | None) -> Sequence[int]:
     from agent_cache.backends.sglang import SGLangClient
 
@@ -54,8 +69,9 @@ def _sglang_tokenize(url: str, text: str, api_key: str | None) -> Sequence[int]:
     return tokens
 
 
-class TemplateTokens:
-    """Learns templates' fingerprints for ``state`` from a worker's ``/tokenize``, on a background thread."""
+class KvTokens:
+    """Learns templates' and sessions' fingerprints for ``state`` from a worker's ``/tokenize``, on a
+    background thread."""
 
     def __init__(self, state: KvState, *, api_key: str | None = None,
                  tokenize: Callable[[str, str], Sequence[int]] | None = None,
@@ -63,14 +79,28 @@ class TemplateTokens:
         self.state = state
         self._tokenize = tokenize or (lambda url, text: _sglang_tokenize(url, text, api_key))
         self._clock = clock
-        self._jobs = Jobs(self._learn, "kv-templates", max_queued=MAX_QUEUED, join_timeout=TOKENIZE_TIMEOUT + 1)
+        self._jobs = Jobs(self._learn, "kv-tokens", max_queued=MAX_QUEUED, join_timeout=TOKENIZE_TIMEOUT + 1)
         self._asked: dict[str, float] = {}  # template -> when asked (queued, or failed and not yet retried)
         self._lock = threading.Lock()
         self.learnt = 0
+        self.sessions_learnt = 0
         self.failed = 0
 
-    def want(self, template_id: str | None, messages: Sequence[Mapping[str, Any]], worker: str) -> None:
-        """Queue the template of a served call to be learnt from ``worker`` (no I/O here)."""
+    def want(self, template_id: str | None, messages: Sequence[Mapping[str, Any]], worker: str, *,
+             tenant: str = "default", session_id: str | None = None) -> None:
+        """Queue what a served call teaches (no I/O here): its template, unless known; the session's
+        last message (``session_id``: its key in the store), each time."""
+        if session_id is not None:
+            self.want_session(tenant, session_id, messages, worker)
+        self.want_template(template_id, messages, worker)
+
+    def want_session(self, tenant: str, session_id: str, messages: Sequence[Mapping[str, Any]], worker: str) -> None:
+        text = last_text(messages)
+        # no text, or a full queue: the session's older fingerprint is forgotten, not left to mislead
+        if text is None or not self._jobs.submit(self._learn_session, tenant, session_id, text, worker):
+            self.state.forget_session(tenant, session_id)
+
+    def want_template(self, template_id: str | None, messages: Sequence[Mapping[str, Any]], worker: str) -> None:
         if not template_id or self.state.knows_template(template_id):
             return
         now = self._clock()
@@ -85,17 +115,35 @@ class TemplateTokens:
                 self._asked.clear()  # bounded; a template still unknown is asked again
             self._asked[template_id] = now
             # a full queue (a burst of new templates): the next call of this one asks again after RETRY_AFTER
-            self._jobs.submit(template_id, text, worker)
+            self._jobs.submit(self._learn_template, template_id, text, worker)
 
-    def _learn(self, template_id: str, text: str, worker: str) -> None:
+    @staticmethod
+    def _learn(job: Callable[..., None], *args: Any) -> None:
+        job(*args)
+
+    def _ids(self, worker: str, text: str, what: str) -> list[int] | None:
+        """The text's token ids as ``worker`` tokenizes it, less ``EDGE`` at each end (None: not asked)."""
         try:
-            ids = self._tokenize(worker, text)
+            ids = list(self._tokenize(worker, text))
         except Exception as exc:  # a worker down or answering nonsense: the marks decide meanwhile
             self.failed += 1
-            log.warning("could not learn template %s's tokens from %s: %s", template_id, worker, exc)
-            return
-        self.state.learn_template(template_id, list(ids)[EDGE:-EDGE] if len(ids) > 2 * EDGE else [])
-        self.learnt += 1
+            log.warning("could not learn %s's tokens from %s: %s", what, worker, exc)
+            return None
+        return ids[EDGE:-EDGE] if len(ids) > 2 * EDGE else []
+
+    def _learn_template(self, template_id: str, text: str, worker: str) -> None:
+        ids = self._ids(worker, text, f"template {template_id}")
+        if ids is not None:
+            self.state.learn_template(template_id, ids)
+            self.learnt += 1
+
+    def _learn_session(self, tenant: str, session_id: str, text: str, worker: str) -> None:
+        ids = self._ids(worker, text, "a session's last message")
+        if ids is None:
+            self.state.forget_session(tenant, session_id)
+        else:
+            self.state.learn_session(tenant, session_id, ids, worker)
+            self.sessions_learnt += 1
 
     def close(self) -> None:
         """Stop asking: what is still queued is dropped, the ask under way (if any) ends first."""

@@ -12,7 +12,7 @@ from agent_cache import ChatSGLang
 from agent_cache.bench.realfleet import free_port, wait_until
 from agent_cache.routing.kv_indexer import KvIndexer, parse_sources
 from agent_cache.routing.kv_state import KvState
-from agent_cache.routing.kv_templates import EDGE, RETRY_AFTER, TemplateTokens, system_text
+from agent_cache.routing.kv_tokens import EDGE, RETRY_AFTER, KvTokens, system_text
 from agent_cache.routing.router import Router
 from agent_cache.sim import SimWorkerThread, WorkerOptions
 
@@ -33,7 +33,7 @@ def test_system_text_is_the_leading_system_message_only() -> None:
 def test_a_worker_that_does_not_answer_is_asked_again_only_after_the_retry_time() -> None:
     now = [0.0]
     state = KvState()
-    learner = TemplateTokens(state, clock=lambda: now[0])
+    learner = KvTokens(state, clock=lambda: now[0])
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     messages = [{"role": "system", "content": SYSTEM}]
     try:
@@ -77,11 +77,42 @@ def test_chat_sglang_learns_its_template_and_finds_it_in_the_workers_events(tool
         worker.stop()
 
 
+def test_chat_sglang_learns_each_steps_last_message_and_the_events_show_it_evicted() -> None:
+    """After each served call the session's last message is tokenized by its worker: its fingerprint is
+    found resident in the worker's events ("held"), and gone once the worker's cache is flushed."""
+    pub = free_port()
+    config = {"publisher": "zmq", "endpoint": f"tcp://*:{pub}"}
+    worker = SimWorkerThread(WorkerOptions(time_scale=0.0, kv_events_config=json.dumps(config)))
+    worker.start()
+    state = KvState()
+    indexer = KvIndexer(state, parse_sources(f"{worker.url}=tcp://127.0.0.1:{pub}")).start()
+    router = Router([worker.url], kv_events=state, probe_interval=None)
+    model = ChatSGLang(router=router, max_tokens=4)
+    observation = " ".join(f"row {i}: revenue {i * 17 % 89}, cost {i * 5 % 31}, margin ok." for i in range(40))
+    try:
+        with httpx.Client(base_url=worker.url) as client:
+            _until(lambda: client.post("/flush_cache").is_success and state.known(worker.url), "the worker known")
+        answer = model.invoke([("system", SYSTEM), ("user", observation)], session_id="s-1")
+        sid = answer.response_metadata["session_id"]
+        _until(lambda: state.sessions == 1, "the last message learnt")
+        _until(lambda: state.session_prefix("default", sid, worker.url) == "held", "its prefix resident")
+        with httpx.Client(base_url=worker.url) as client:
+            client.post("/flush_cache").raise_for_status()
+        _until(lambda: state.session_prefix("default", sid, worker.url) == "gone", "its prefix evicted")
+        learner = model._served.template_tokens
+        assert learner is not None and learner.sessions_learnt == 1 and learner.failed == 0
+    finally:
+        model.close()
+        router.close()
+        indexer.close()
+        worker.stop()
+
+
 def test_the_edges_of_the_system_prompt_are_left_out_of_the_fingerprint() -> None:
     worker = SimWorkerThread(WorkerOptions(time_scale=0.0))
     worker.start()
     state = KvState()
-    learner = TemplateTokens(state)
+    learner = KvTokens(state)
     short = "Be brief. " * 3  # fewer than 2 x EDGE tokens: learnt as nothing to match, asked once
     try:
         learner.want("long", [{"role": "system", "content": SYSTEM}], worker.url)
