@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from agent_cache.bench.policies import Dispatch, RoutingPolicy
 from agent_cache.bench.workloads import CallSpec, SessionSpec
+from agent_cache.routing.kv_tokens import TAIL_TOKENS
 from agent_cache.sim.latency import DEFAULT_LATENCY, LatencyModel
 from agent_cache.sim.kv_publisher import DECODE_LOG_INTERVAL
 from agent_cache.sim.radix import RadixCache
@@ -245,8 +246,10 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
                 prompt = call.tmpl if tmpl_form else call.raw
                 if kv:
                     dispatch.template_token_ids = prompt[: dispatch.template_tokens]
-                    # what the session added since its previous call: the prompt's last message
-                    start = max(st.reusable(dispatch.template_id, prompt), dispatch.template_tokens)
+                    # what the session added since its previous call: the prompt's last message, its end
+                    # only, as the gateway asks a worker for it (routing/kv_tokens.py)
+                    start = max(st.reusable(dispatch.template_id, prompt), dispatch.template_tokens,
+                                len(prompt) - TAIL_TOKENS)
                     dispatch.last_message_ids = prompt[start:]
                 policy.now = now
                 wi = policy.route(dispatch, fleet)

@@ -10,16 +10,19 @@ added) is asked for the template's system prompt once, and the first and
 last ``EDGE`` tokens are dropped before the fingerprint is taken: every
 anchor left lies inside the rendered prompt as well.
 
-A session's latest prefix is fingerprinted the same way from its last
-message, asked after each of its served calls (:meth:`KvTokens.want_session`),
-so the router knows the worker evicted it before the next step
-(``KvState.learn_session``).
+A session's latest prefix is fingerprinted the same way from the end of its
+last message (at most ``TAIL_CHARS`` characters: the newest tokens, the
+first an LRU cache evicts), asked after each of its served calls
+(:meth:`KvTokens.want_session`), so the router knows the worker evicted it
+before the next step (``KvState.learn_session``).
 
 Off the call path: a served call only queues its template and its last
-message (:meth:`KvTokens.want`); one background thread asks a worker. A failed ask is retried after
-``RETRY_AFTER`` s, by the next call of the template. A system prompt too
-short to have an anchor is learnt as empty, and its holders stay the
-router's own marks.
+message (:meth:`KvTokens.want`); one background thread asks a worker. A
+failed template ask is retried after ``RETRY_AFTER`` s, by the next call of
+the template. A system prompt too short to have an anchor is learnt as
+empty, and its holders stay the router's own marks. A session's last
+message not learnt (a full queue, a failed ask) forgets the session's older
+fingerprint, so its reported cached tokens decide, as without events.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ EDGE = 8  # tokens dropped at each end: a merge with the chat template's text ar
 RETRY_AFTER = 30.0
 MAX_QUEUED = 256
 TOKENIZE_TIMEOUT = 5.0
+TAIL_CHARS = 4_000  # about 1,000 tokens: enough for the fingerprint's 8 anchors, a bounded ask per call
+TAIL_TOKENS = TAIL_CHARS // 4  # the same end in tokens, at about 4 characters a token (the fleet simulation's)
 
 
 def system_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
@@ -50,13 +55,14 @@ def system_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def last_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
-    """The text of the last message, unless it is the template's own leading one: a session's newest step."""
+    """The end (``TAIL_CHARS``) of the last message's text, unless that message is the template's own
+    leading one: a session's newest step. A cut through a token is inside the ``EDGE`` dropped."""
     from agent_cache.templates.canonical import content_text
 
     if len(messages) < 2:
         return None
     text = content_text(messages[-1].get("content"))
-    return text or None
+    return text[-TAIL_CHARS:] or None
 
 
 def _sglang_tokenize(url: str, text: str, api_key: str | None) -> Sequence[int]:

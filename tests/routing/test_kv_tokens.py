@@ -144,3 +144,13 @@ def test_prewarming_is_refused_without_kv_events_naming_the_option() -> None:
     with pytest.raises(ConfigError) as err:
         GatewayConfig(["http://127.0.0.1:9"], prewarm_threshold=0)
     assert err.value.field == "prewarm_threshold"
+
+
+def test_a_sessions_last_message_is_its_end_only_and_never_the_template() -> None:
+    from agent_cache.routing.kv_tokens import TAIL_CHARS, last_text
+
+    long = "x" * (TAIL_CHARS + 500) + "the newest words"
+    assert last_text([{"role": "system", "content": SYSTEM}, {"role": "user", "content": long}]) == long[-TAIL_CHARS:]
+    assert last_text([{"role": "system", "content": SYSTEM}]) is None  # the template alone: no step of its own
+    assert last_text([{"role": "system", "content": SYSTEM}, {"role": "assistant", "content": None,
+                                                               "tool_calls": []}]) is None
