@@ -244,16 +244,15 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
                                     n_calls % replicas)
                 n_calls += 1
                 prompt = call.tmpl if tmpl_form else call.raw
+                reusable = st.reusable(dispatch.template_id, prompt)
                 if kv:
                     dispatch.template_token_ids = prompt[: dispatch.template_tokens]
                     # what the session added since its previous call: the prompt's last message, its end
                     # only, as the gateway asks a worker for it (routing/kv_tokens.py)
-                    start = max(st.reusable(dispatch.template_id, prompt), dispatch.template_tokens,
-                                len(prompt) - TAIL_TOKENS)
+                    start = max(reusable, dispatch.template_tokens, len(prompt) - TAIL_TOKENS)
                     dispatch.last_message_ids = prompt[start:]
                 policy.now = now
                 wi = policy.route(dispatch, fleet)
-                reusable = st.reusable(dispatch.template_id, prompt)
                 req = SimRequest(prompt=prompt, output_len=max(1, len(call.output)), output=call.output,
                                  max_new_tokens=None, tag=(st, dispatch, reusable))
                 live_context += len(prompt) - st.context

@@ -26,7 +26,7 @@ from agent_cache.kv_events import KVEventBatch
 from agent_cache.placement.rule import Policy
 from agent_cache.routing.config import session_key
 from agent_cache.routing.kv_state import KvState
-from agent_cache.routing.kv_tokens import EDGE
+from agent_cache.routing.kv_tokens import trim_edges
 from agent_cache.routing.prewarm import Prewarming
 from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.store.base import MetadataStore
@@ -260,9 +260,8 @@ class AgentCacheKv(AgentCache):
     def completed(self, call: Dispatch, worker: int, prompt_tokens: int, cached_tokens: int) -> None:
         super().completed(call, worker, prompt_tokens, cached_tokens)
         # what the gateway learns from the worker's /tokenize of the call's last message (calls/served.py)
-        ids = call.last_message_ids
-        self.kv.learn_session(call.tenant, session_key(call.session_id),
-                              ids[EDGE:-EDGE] if len(ids) > 2 * EDGE else (), self.urls[worker])
+        self.kv.learn_session(call.tenant, session_key(call.session_id), trim_edges(call.last_message_ids),
+                              self.urls[worker])
 
     def kv_batch(self, worker: int, events: list[Any]) -> None:
         self.kv.apply(self.urls[worker], self._seq[worker], KVEventBatch(self.now, events))

@@ -53,6 +53,7 @@ class _KvCollector(Collector):
             ("gaps", "batches that arrived after a lost one"), ("undecodable", "batches that did not decode"),
             ("token_lookups_failed", "tokenizations (templates, sessions' last messages) a worker did not answer"),
             ("prefixes_gone", "routes that found, from its events, that the session's worker evicted its prefix"),
+            ("session_lookups_dropped", "sessions' last messages not tokenized (the queue full, the worker failing)"),
             ("prewarms", "templates prefilled ahead of need"), ("prewarm_hits", "new sessions placed on a worker "
              "because a prewarm put their template there"), ("prewarms_refused", "prewarms a worker's per-minute "
              "budget refused"), ("prewarms_failed", "prewarms a worker did not answer"),
@@ -73,6 +74,7 @@ class _KvCollector(Collector):
             values["undecodable"] += indexer.bad
             if learner is not None:
                 values["token_lookups_failed"] += learner.failed
+                values["session_lookups_dropped"] += learner.sessions_dropped
             if prewarming is not None:
                 c = prewarming.prewarmer.counts
                 values["prewarms"] += c.prewarms

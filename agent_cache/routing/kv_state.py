@@ -106,6 +106,7 @@ class KvState:
         self._workers: dict[str, _Worker] = {}
         self._templates: dict[str, tuple[int, ...]] = {}
         self._sessions: dict[tuple[str, str], _SessionTail] = {}  # (tenant, session key) -> its latest tail
+        self._tails: dict[tuple[int, ...], int] = {}  # fingerprint -> sessions learnt with it (a copy may be any's)
         self._namespaces: set[str | None] = set()  # the extra_keys of the calls annotated (up to two)
         self._lock = threading.Lock()
         self.gaps = 0  # batches that arrived after a lost one
@@ -154,33 +155,53 @@ class KvState:
         fp = fingerprint(token_ids)
         key = (tenant, session_id)
         with self._lock:
-            old = self._sessions.pop(key, None)  # re-inserted last: the oldest learnt goes first past the bound
+            old = self._pop_session(key)  # re-inserted last: the oldest learnt goes first past the bound
             if not fp:
                 return
             if len(self._sessions) >= self.max_sessions:
-                self._sessions.pop(next(iter(self._sessions)))
+                self._pop_session(next(iter(self._sessions)))
+            self._tails[fp] = self._tails.get(fp, 0) + 1
             w = self._workers.get(worker)
-            seen = w is not None and w.known and _holds(w, fp)
+            seen = w is not None and w.known and self._tails[fp] == 1 and _holds(w, fp)
             if old is not None and (old.worker, old.fingerprint) == (worker, fp):
                 seen = seen or old.seen  # the same tail again (a retried step): already seen there
             self._sessions[key] = _SessionTail(worker, fp, seen)
 
+    def _pop_session(self, key: tuple[str, str]) -> _SessionTail | None:
+        tail = self._sessions.pop(key, None)
+        if tail is not None:
+            n = self._tails[tail.fingerprint] - 1
+            if n:
+                self._tails[tail.fingerprint] = n
+            else:
+                del self._tails[tail.fingerprint]
+        return tail
+
     def session_prefix(self, tenant: str, session_id: str, worker: str) -> str:
         """What ``worker``'s events show of the session's latest prefix: "held" (its tail is resident there),
-        "gone" (it was seen resident since it was learnt and is not any more: evicted), "" (not known)."""
+        "gone" (it was seen resident since it was learnt and is not any more: evicted), "" (not known).
+        A tail other sessions share (the same last message) is never "held": a copy may be theirs."""
         with self._lock:
-            tail = self._sessions.get((tenant, session_id))
-            w = self._workers.get(worker)
-            if tail is None or tail.worker != worker or w is None or not w.known:
-                return ""
-            if _holds(w, tail.fingerprint):
-                tail.seen = True
-                return "held"
-            return "gone" if tail.seen else ""
+            return self._session_prefix((tenant, session_id), worker)
+
+    def _session_prefix(self, key: tuple[str, str], worker: str) -> str:
+        tail = self._sessions.get(key)
+        w = self._workers.get(worker)
+        if tail is None or tail.worker != worker or w is None or not w.known:
+            return ""
+        if _holds(w, tail.fingerprint):
+            if self._tails.get(tail.fingerprint, 0) > 1:
+                return ""  # shared: resident says nothing of this session's own copy
+            tail.seen = True
+            return "held"
+        return "gone" if tail.seen else ""  # no copy at all is left: whoever's it was
 
     def forget_session(self, tenant: str, session_id: str) -> None:
+        key = (tenant, session_id)
+        if key not in self._sessions:  # the common case, without the lock the subscriber thread takes
+            return
         with self._lock:
-            self._sessions.pop((tenant, session_id), None)
+            self._pop_session(key)
 
     @property
     def sessions(self) -> int:
@@ -199,9 +220,10 @@ class KvState:
         if len(self._namespaces) < 2:
             self._namespaces.add(namespace)
         tail = self._sessions.get(session) if session is not None else None
-        if tail is not None and session is not None:
-            mark = self.session_prefix(*session, tail.worker)
-            self.prefixes_gone += mark == "gone"
+        if tail is not None and session is not None and any(s.url == tail.worker for s in specs):
+            with self._lock:
+                mark = self._session_prefix(session, tail.worker)
+                self.prefixes_gone += mark == "gone"
             if mark:
                 specs = tuple(replace(s, prefix=mark) if s.url == tail.worker else s for s in specs)
         found = self.holders(template_id, [s.url for s in specs]) if template_id else None

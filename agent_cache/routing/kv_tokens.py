@@ -17,12 +17,14 @@ first an LRU cache evicts), asked after each of its served calls
 before the next step (``KvState.learn_session``).
 
 Off the call path: a served call only queues its template and its last
-message (:meth:`KvTokens.want`); one background thread asks a worker. A
-failed template ask is retried after ``RETRY_AFTER`` s, by the next call of
-the template. A system prompt too short to have an anchor is learnt as
+message (:meth:`KvTokens.want`); background threads ask the worker, one
+for templates and one for sessions, through one kept-alive client per
+worker. A failed template ask is retried after ``RETRY_AFTER`` s, by the
+next call of the template; a worker that failed a session's ask is not
+asked for sessions' messages for ``RETRY_AFTER`` s. A system prompt too short to have an anchor is learnt as
 empty, and its holders stay the router's own marks. A session's last
-message not learnt (a full queue, a failed ask) forgets the session's older
-fingerprint, so its reported cached tokens decide, as without events.
+message not learnt (a full queue, a failing worker) forgets the session's
+older fingerprint, so its reported cached tokens decide, as without events.
 """
 
 from __future__ import annotations
@@ -65,46 +67,79 @@ def last_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
     return text[-TAIL_CHARS:] or None
 
 
-def _sglang_tokenize(url: str, text: str, api_key: str | None) -> Sequence[int]:
-    from agent_cache.backends.sglang import SGLangClient
+def trim_edges(ids: Sequence[int]) -> list[int]:
+    """Token ids less ``EDGE`` at each end (nothing left of a text that short)."""
+    return list(ids)[EDGE:-EDGE] if len(ids) > 2 * EDGE else []
 
-    with SGLangClient(url, timeout=TOKENIZE_TIMEOUT, api_key=api_key) as client:
+
+class _SGLangTokenizer:
+    """``/tokenize`` of each worker, one kept-alive client per worker (an ask per call must not open a
+    connection per call)."""
+
+    def __init__(self, api_key: str | None) -> None:
+        self.api_key = api_key
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, url: str, text: str) -> Sequence[int]:
+        from agent_cache.backends.sglang import SGLangClient
+
+        with self._lock:
+            client = self._clients.get(url)
+            if client is None:
+                client = self._clients[url] = SGLangClient(url, timeout=TOKENIZE_TIMEOUT, api_key=self.api_key)
         tokens = client.tokenize(text, add_special_tokens=False).get("tokens")
-    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-        raise ValueError(f"/tokenize of {url} answered no list of token ids")
-    return tokens
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise ValueError(f"/tokenize of {url} answered no list of token ids")
+        return tokens
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
 
 
 class KvTokens:
-    """Learns templates' and sessions' fingerprints for ``state`` from a worker's ``/tokenize``, on a
-    background thread."""
+    """Learns templates' and sessions' fingerprints for ``state`` from a worker's ``/tokenize``, on two
+    background threads: templates have their own, so the asks of every call never crowd them out."""
 
     def __init__(self, state: KvState, *, api_key: str | None = None,
                  tokenize: Callable[[str, str], Sequence[int]] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.state = state
-        self._tokenize = tokenize or (lambda url, text: _sglang_tokenize(url, text, api_key))
+        self._own = None if tokenize is not None else _SGLangTokenizer(api_key)
+        self._tokenize: Callable[[str, str], Sequence[int]] = tokenize or self._own  # type: ignore[assignment]
         self._clock = clock
-        self._jobs = Jobs(self._learn, "kv-tokens", max_queued=MAX_QUEUED, join_timeout=TOKENIZE_TIMEOUT + 1)
+        join = TOKENIZE_TIMEOUT + 1
+        self._templates = Jobs(self._learn_template, "kv-templates", max_queued=MAX_QUEUED, join_timeout=join)
+        self._sessions = Jobs(self._learn_session, "kv-sessions", max_queued=MAX_QUEUED, join_timeout=join)
         self._asked: dict[str, float] = {}  # template -> when asked (queued, or failed and not yet retried)
+        self._failing: dict[str, float] = {}  # worker -> when a session ask to it failed: none for RETRY_AFTER s
         self._lock = threading.Lock()
         self.learnt = 0
         self.sessions_learnt = 0
+        self.sessions_dropped = 0  # last messages not asked: the queue full, or the worker failing
         self.failed = 0
 
     def want(self, template_id: str | None, messages: Sequence[Mapping[str, Any]], worker: str, *,
              tenant: str = "default", session_id: str | None = None) -> None:
         """Queue what a served call teaches (no I/O here): its template, unless known; the session's
         last message (``session_id``: its key in the store), each time."""
+        self.want_template(template_id, messages, worker)
         if session_id is not None:
             self.want_session(tenant, session_id, messages, worker)
-        self.want_template(template_id, messages, worker)
 
     def want_session(self, tenant: str, session_id: str, messages: Sequence[Mapping[str, Any]], worker: str) -> None:
         text = last_text(messages)
-        # no text, or a full queue: the session's older fingerprint is forgotten, not left to mislead
-        if text is None or not self._jobs.submit(self._learn_session, tenant, session_id, text, worker):
-            self.state.forget_session(tenant, session_id)
+        failed_at = self._failing.get(worker)
+        if text is not None and (failed_at is None or self._clock() - failed_at >= RETRY_AFTER) \
+                and self._sessions.submit(tenant, session_id, text, worker):
+            return
+        if text is not None:
+            self.sessions_dropped += 1
+        # not asked: the session's older fingerprint is forgotten, not left to mislead
+        self.state.forget_session(tenant, session_id)
 
     def want_template(self, template_id: str | None, messages: Sequence[Mapping[str, Any]], worker: str) -> None:
         if not template_id or self.state.knows_template(template_id):
@@ -120,22 +155,17 @@ class KvTokens:
             if len(self._asked) >= self.state.max_templates:
                 self._asked.clear()  # bounded; a template still unknown is asked again
             self._asked[template_id] = now
-            # a full queue (a burst of new templates): the next call of this one asks again after RETRY_AFTER
-            self._jobs.submit(self._learn_template, template_id, text, worker)
-
-    @staticmethod
-    def _learn(job: Callable[..., None], *args: Any) -> None:
-        job(*args)
+            if not self._templates.submit(template_id, text, worker):
+                del self._asked[template_id]  # a full queue (a burst of new templates): its next call asks again
 
     def _ids(self, worker: str, text: str, what: str) -> list[int] | None:
         """The text's token ids as ``worker`` tokenizes it, less ``EDGE`` at each end (None: not asked)."""
         try:
-            ids = list(self._tokenize(worker, text))
+            return trim_edges(self._tokenize(worker, text))
         except Exception as exc:  # a worker down or answering nonsense: the marks decide meanwhile
             self.failed += 1
             log.warning("could not learn %s's tokens from %s: %s", what, worker, exc)
             return None
-        return ids[EDGE:-EDGE] if len(ids) > 2 * EDGE else []
 
     def _learn_template(self, template_id: str, text: str, worker: str) -> None:
         ids = self._ids(worker, text, f"template {template_id}")
@@ -144,13 +174,23 @@ class KvTokens:
             self.learnt += 1
 
     def _learn_session(self, tenant: str, session_id: str, text: str, worker: str) -> None:
+        failed_at = self._failing.get(worker)
+        if failed_at is not None and self._clock() - failed_at < RETRY_AFTER:
+            self.sessions_dropped += 1  # queued before its worker failed: not asked (nor logged) again
+            self.state.forget_session(tenant, session_id)
+            return
         ids = self._ids(worker, text, "a session's last message")
         if ids is None:
+            self._failing[worker] = self._clock()
             self.state.forget_session(tenant, session_id)
         else:
+            self._failing.pop(worker, None)
             self.state.learn_session(tenant, session_id, ids, worker)
             self.sessions_learnt += 1
 
     def close(self) -> None:
-        """Stop asking: what is still queued is dropped, the ask under way (if any) ends first."""
-        self._jobs.close()
+        """Stop asking: what is still queued is dropped, the asks under way (if any) end first."""
+        self._templates.close()
+        self._sessions.close()
+        if self._own is not None:
+            self._own.close()

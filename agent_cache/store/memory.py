@@ -177,7 +177,7 @@ class MemoryStore:
                 views.append(WorkerView(spec.url, spec.state, w.inflight, w.kv_tokens, spec.capacity, w.active))
             pin = None
             if rec is not None:
-                prefix = next((s.prefix for s in query.workers if s.url == rec["worker"]), "")
+                prefix = next((s.prefix for s in query.workers if s.url == rec["worker"]), "")  # the first, as in Lua
                 pin = PinView(rec["worker"], rec["epoch"], rec["last_cached"], rec["prev_cached"], rec["held"], prefix)
             holders: frozenset[str] = frozenset()
             if query.template_id:

@@ -219,6 +219,10 @@ def test_a_session_prefix_is_held_then_gone_as_the_worker_evicts_it() -> None:
     cache.insert(history + tail)
     seq = _feed(state, W0, cache, seq)
     assert state.session_prefix("default", "s1", W0) == "held"
+    state.learn_session("acme", "s9", tail, W0)  # another session's last message, the same text
+    assert state.session_prefix("default", "s1", W0) == ""  # resident, but the copy may be s9's
+    state.forget_session("acme", "s9")
+    assert state.session_prefix("default", "s1", W0) == "held"
     restarted = RadixCache(4_000, enable_kv_events=True)  # a restart: AllBlocksCleared, sequence 0
     _feed(state, W0, restarted, 0)
     assert state.session_prefix("default", "s1", W0) == "gone"

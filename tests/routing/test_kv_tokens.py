@@ -37,11 +37,11 @@ def test_a_worker_that_does_not_answer_is_asked_again_only_after_the_retry_time(
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     messages = [{"role": "system", "content": SYSTEM}]
     try:
-        learner.want("t", messages, dead)
+        learner.want_template("t", messages, dead)
         _until(lambda: learner.failed == 1, "the failed ask counted")
-        learner.want("t", messages, dead)  # within RETRY_AFTER: not asked again
+        learner.want_template("t", messages, dead)  # within RETRY_AFTER: not asked again
         now[0] = RETRY_AFTER + 1
-        learner.want("t", messages, dead)
+        learner.want_template("t", messages, dead)
         _until(lambda: learner.failed == 2, "the second ask counted")
         assert not state.knows_template("t") and learner.learnt == 0
     finally:
@@ -108,6 +108,26 @@ def test_chat_sglang_learns_each_steps_last_message_and_the_events_show_it_evict
         worker.stop()
 
 
+def test_a_worker_failing_a_sessions_ask_is_not_asked_for_sessions_until_the_retry_time() -> None:
+    now = [0.0]
+    state = KvState()
+    learner = KvTokens(state, clock=lambda: now[0])
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": SYSTEM}]
+    try:
+        learner.want_session("default", "s1", messages, dead)
+        _until(lambda: learner.failed == 1, "the failed ask counted")
+        for _ in range(5):  # every call of the next RETRY_AFTER s: not asked, not logged, counted
+            learner.want_session("default", "s1", messages, dead)
+        assert learner.sessions_dropped == 5 and learner.failed == 1
+        now[0] = RETRY_AFTER + 1
+        learner.want_session("default", "s1", messages, dead)
+        _until(lambda: learner.failed == 2, "asked again")
+        assert state.sessions == 0 and learner.sessions_learnt == 0
+    finally:
+        learner.close()
+
+
 def test_the_edges_of_the_system_prompt_are_left_out_of_the_fingerprint() -> None:
     worker = SimWorkerThread(WorkerOptions(time_scale=0.0))
     worker.start()
@@ -115,8 +135,8 @@ def test_the_edges_of_the_system_prompt_are_left_out_of_the_fingerprint() -> Non
     learner = KvTokens(state)
     short = "Be brief. " * 3  # fewer than 2 x EDGE tokens: learnt as nothing to match, asked once
     try:
-        learner.want("long", [{"role": "system", "content": SYSTEM}], worker.url)
-        learner.want("short", [{"role": "system", "content": short}], worker.url)
+        learner.want_template("long", [{"role": "system", "content": SYSTEM}], worker.url)
+        learner.want_template("short", [{"role": "system", "content": short}], worker.url)
         _until(lambda: state.knows_template("long") and state.knows_template("short"), "both learnt")
         with httpx.Client(base_url=worker.url) as client:
             ids = client.post("/tokenize", json={"prompt": SYSTEM, "add_special_tokens": False}).json()["tokens"]
