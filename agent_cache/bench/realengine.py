@@ -221,7 +221,7 @@ def metrics(results: Sequence[ReplicaResult], n_sessions: int, start: float, wor
 # --- the run ---------------------------------------------------------------------------
 
 
-KV_COUNTERS = ("prewarms", "prewarm_hits", "prewarms_refused", "prewarms_failed", "gaps", "batches")
+KV_COUNTERS = ("prewarms", "prewarm_hits", "prewarms_refused", "prewarms_failed", "prefixes_gone", "gaps", "batches")
 
 
 def _follow_kv_events(workers: SimWorkers, gateway: AgentCacheGateways,

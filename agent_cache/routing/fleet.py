@@ -88,6 +88,7 @@ class Fleet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warned: str | None = None
+        self.on_drain: Callable[[str], None] | None = None  # called with a worker's URL once it drains here
 
     # --- admin ------------------------------------------------------------------------
 
@@ -212,6 +213,8 @@ class Fleet:
                 self.router.drain(url)
                 self._draining.add(url)
                 logger.info("worker %s draining", url)
+                if self.on_drain is not None:
+                    self.on_drain(url)
             elif state == UP and url in self._draining:
                 self.router.undrain(url)
                 self._draining.discard(url)

@@ -9,6 +9,12 @@ can be spread without a miss. (The worker a session was just placed on is
 never prewarmed for it: the session's own first call is already on its
 way there, and a prefill beside it would only compute the template twice.)
 
+When a worker drains (:meth:`Prewarming.drained`; the gateway's fleet calls
+it), each hot template it held is prewarmed the same way on another worker,
+while fewer of the remaining workers hold it than that number: the
+sessions placed while it drains, and the pins that move off it, then find
+it cached.
+
 A prewarm is a one-token request of the template's prompt, sent off the
 call path by whoever acts on :meth:`Prewarmer.plan`; each worker gets at
 most ``per_worker_per_minute`` of them, and a worker prewarmed for a
@@ -48,6 +54,7 @@ class PrewarmCounts:
     prewarms: int = 0
     hits: int = 0
     refused: int = 0  # wanted, but the worker's per-minute budget was spent
+    for_drains: int = 0  # of the prewarms, those sent because a holder of the template was drained
     by_worker: dict[str, int] = field(default_factory=dict)
 
 
@@ -96,15 +103,28 @@ class Prewarmer:
                 self.counts.hits += 1
             if self.rate(template_id, now) < self.threshold:
                 return []
-            # a worker prewarmed within `pending` s holds it, as far as this plan goes: its events may not
-            # show the prefill yet, and asking again would prefill it twice
-            held = set(holders) | {worker} | {w for w in candidates
-                                              if self._warmed.get((template_id, w), -1e18) > now - self.pending}
-            want = max(self.spread, int(self.rate(template_id, now) / self.threshold))
-            if len(held) >= want:
+            return self._fill(template_id, set(holders) | {worker}, candidates, now)
+
+    def replace(self, template_id: str, holders: frozenset[str], candidates: Iterable[str], now: float) -> list[str]:
+        """Workers to prewarm a hot ``template_id`` on when one of its holders drains: ``holders``, those that
+        stay (the drained one left out); ``candidates`` as for :meth:`plan`. No session start is counted."""
+        with self._lock:
+            if self.rate(template_id, now) < self.threshold:
                 return []
-            spare = next((w for w in candidates if w not in held), None)
-            return [spare] if spare is not None and self._take(template_id, spare, now) else []
+            out = self._fill(template_id, set(holders), candidates, now)
+            self.counts.for_drains += len(out)
+            return out
+
+    def _fill(self, template_id: str, held: set[str], candidates: Iterable[str], now: float) -> list[str]:
+        candidates = list(candidates)
+        # a worker prewarmed within `pending` s holds it, as far as this plan goes: its events may not
+        # show the prefill yet, and asking again would prefill it twice
+        held |= {w for w in candidates if self._warmed.get((template_id, w), -1e18) > now - self.pending}
+        want = max(self.spread, int(self.rate(template_id, now) / self.threshold))
+        if len(held) >= want:
+            return []
+        spare = next((w for w in candidates if w not in held), None)
+        return [spare] if spare is not None and self._take(template_id, spare, now) else []
 
     def _take(self, template_id: str, worker: str, now: float) -> bool:
         q = self._sent.setdefault(worker, deque())
@@ -136,6 +156,7 @@ class Prewarming:
     """
 
     MAX_QUEUED = 64
+    MAX_RECENT = 1_000  # templates remembered for drains (the least recently started goes first)
 
     def __init__(self, router: "Router", *, prewarmer: Prewarmer | None = None,
                  send: Callable[[str, dict[str, Any]], None] | None = None, api_key: str | None = None,
@@ -150,18 +171,39 @@ class Prewarming:
                           join_timeout=2)  # best effort: a prefill under way is not waited for (a daemon thread)
         self.failed = 0
         self.dropped = 0  # planned while MAX_QUEUED were waiting
+        # (template, tenant) -> its prewarm body, tokens and pool, from its latest new session: drains replay them
+        self._recent: dict[tuple[str, str], tuple[dict[str, Any], int, str]] = {}
+        self._recent_lock = threading.Lock()
 
     def targets(self, template_id: str, template_tokens: int, placement: "Placement") -> list[str]:
         """The workers to prefill ``template_id`` on after ``placement`` (also counts the session's start)."""
-        specs = self.router.specs(placement.pool)
+        held, room = self._holders_and_room(template_id, template_tokens, placement.pool)
+        return self.prewarmer.plan(template_id, placement.worker, placement.outcome, held, room, self._clock())
+
+    def _holders_and_room(self, template_id: str, template_tokens: int, pool: str) -> tuple[frozenset[str], list[str]]:
+        """Who holds the template in ``pool``, and the up workers with room for it, emptiest first."""
+        specs = self.router.specs(pool)
         found = self.kv.holders(template_id, [s.url for s in specs])
         room: list[str] = []  # the template's tokens not learnt yet: who holds it is unknown, nothing is sent
         if found is not None:
             used = {s.url: self.kv.cached_tokens(s.url) for s in specs if s.state == UP}
             room = sorted((s.url for s in specs if used.get(s.url) is not None
                            and (used[s.url] or 0) + template_tokens <= s.capacity // 2), key=lambda u: used[u] or 0)
-        held = found[0] if found is not None else frozenset()
-        return self.prewarmer.plan(template_id, placement.worker, placement.outcome, held, room, self._clock())
+        return (found[0] if found is not None else frozenset()), room
+
+    def drained(self, url: str) -> None:
+        """A worker drains: the hot templates it held are prefilled on another worker with room while fewer
+        than ``spread`` (or rate / threshold) of the others hold them, before their sessions spread there."""
+        url = url.rstrip("/")
+        with self._recent_lock:
+            recent = list(self._recent.items())
+        for (template_id, _tenant), (body, tokens, pool) in recent:
+            held, room = self._holders_and_room(template_id, tokens, pool)
+            if url not in held:
+                continue
+            for target in self.prewarmer.replace(template_id, held - {url}, room, self._clock()):
+                if not self._jobs.submit(target, body):
+                    self.dropped += 1
 
     def after(self, template_id: str | None, messages: Sequence[Mapping[str, Any]],
               tools: Sequence[Mapping[str, Any]] | None, template_tokens: int, placement: "Placement",
@@ -169,15 +211,21 @@ class Prewarming:
         """After a served call: plan (and queue) the prewarms its placement calls for."""
         if not template_id or not placement.outcome.startswith("placed_") or system_text(messages) is None:
             return  # only a new session's call, and a template that starts with its stable message
+        body: dict[str, Any] = {"messages": [dict(messages[0])], "max_tokens": 1}
+        if tools:
+            body["tools"] = [dict(t) for t in tools]
+        if model is not None:
+            body["model"] = model
+        extra_key = self.router.extra_key_for(placement.tenant)
+        if extra_key is not None:  # the tenant's own cache namespace, as its calls use
+            body["extra_key"] = extra_key
+        with self._recent_lock:  # what a drain of one of its holders prewarms elsewhere
+            key = (template_id, placement.tenant)
+            self._recent.pop(key, None)
+            if len(self._recent) >= self.MAX_RECENT:
+                self._recent.pop(next(iter(self._recent)))
+            self._recent[key] = (body, template_tokens, placement.pool)
         for url in self.targets(template_id, template_tokens, placement):
-            body: dict[str, Any] = {"messages": [dict(messages[0])], "max_tokens": 1}
-            if tools:
-                body["tools"] = [dict(t) for t in tools]
-            if model is not None:
-                body["model"] = model
-            extra_key = self.router.extra_key_for(placement.tenant)
-            if extra_key is not None:  # the tenant's own cache namespace, as its calls use
-                body["extra_key"] = extra_key
             if not self._jobs.submit(url, body):
                 self.dropped += 1
 

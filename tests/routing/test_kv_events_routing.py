@@ -10,7 +10,7 @@ import uuid
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import free_port
+from agent_cache.bench.realfleet import free_port, wait_until
 from agent_cache.errors import ConfigError
 from agent_cache.kv_events import KVEventBatch
 from agent_cache.routing.kv_indexer import EventSource, KvIndexer, parse_sources
@@ -275,3 +275,50 @@ def test_an_evicted_session_moves_before_its_next_step_and_a_resident_one_stays(
     assert outcomes[True] == ["placed_least_load", "pinned", "moved:evicted"], outcomes
     # without events the miss is found only in the reported usage: the step that missed stays, the next moves
     assert outcomes[False] == ["placed_least_load", "pinned", "pinned"], outcomes
+
+
+def test_a_draining_holder_of_a_hot_template_has_it_prewarmed_elsewhere_by_the_fleet() -> None:
+    """The fleet drains a worker (an admin's DELETE /workers, DNS): the hot templates it held are prefilled
+    on a worker with room before their sessions spread there; a worker that held none prewarms nothing."""
+    from agent_cache.gateway.admin import fleet_for
+    from agent_cache.routing.fleet import FleetConfig
+    from agent_cache.routing.prewarm import Prewarmer, Prewarming
+
+    urls = [W0, W1, W2, "http://w3"]
+    rng = random.Random(6)
+    toks = _tokens(rng, 400)
+    state = KvState()
+    state.learn_template("t", toks)
+    caches = {u: RadixCache(100_000, enable_kv_events=True) for u in urls}
+    for u, c in caches.items():
+        _feed(state, u, c, 0)
+    sent: list[str] = []
+    messages = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": "Go."}]
+    with Router(urls, store=MemoryStore(), probe_interval=None, release_delay=0, kv_events=state) as router:
+        prewarming = Prewarming(router, prewarmer=Prewarmer(threshold=3.0, spread=2),
+                                send=lambda url, body: sent.append(url))
+        counts = prewarming.prewarmer.counts
+        fleet = fleet_for(None, f"fl-{uuid.uuid4().hex[:8]}", router, FleetConfig())
+        fleet.on_drain = prewarming.drained
+        try:
+            holder = None
+            for i in range(3):  # three new sessions within a minute: hot
+                p = router.route(RouteRequest(f"s{i}", template_id="t", prompt_tokens_estimate=400))
+                router.done(p)
+                if holder is None:
+                    holder = p.worker
+                    caches[holder].insert(toks)  # the first session's call computed it there
+                    _feed(state, holder, caches[holder], 1)
+                prewarming.after("t", messages, None, 400, p)
+            wait_until(lambda: len(sent) == counts.prewarms, [], "the sessions' own prewarms sent", timeout=5.0)
+            pending = set(sent)  # prewarmed within the last minute: counted as holders
+            assert holder is not None and holder not in pending and state.holders("t", urls)[0] == {holder}
+            bystander = next(u for u in urls if u != holder and u not in pending)
+            fleet.remove(bystander)  # it holds no copy: nothing to prewarm
+            assert counts.for_drains == 0
+            fleet.remove(holder)
+            wait_until(lambda: counts.for_drains == 1 and len(sent) == counts.prewarms, [], "the drain's prewarm",
+                       timeout=5.0)
+            assert sent[-1] not in {holder, bystander} | pending
+        finally:
+            prewarming.close()
