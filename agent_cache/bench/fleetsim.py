@@ -112,7 +112,7 @@ class RunResult:
 
 
 class _Sess:
-    __slots__ = ("spec", "calls", "next", "t_start", "context", "history")
+    __slots__ = ("spec", "calls", "next", "t_start", "context", "history", "head_end")
 
     def __init__(self, spec: SessionSpec) -> None:
         self.spec = spec
@@ -121,6 +121,7 @@ class _Sess:
         self.t_start = spec.arrival_s
         self.context = 0  # tokens of the latest prompt (+ its output once returned)
         self.history: dict[str, tuple[list[int], list[int]]] = {}  # template -> latest (prompt, output)
+        self.head_end: dict[str, int] = {}  # template -> where its first call's own first message ends
 
     def reusable(self, template: str, prompt: list[int]) -> int:
         """Tokens of ``prompt`` that this session's previous call of ``template`` computed (prompt + output)."""
@@ -251,6 +252,10 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
                     # only, as the gateway asks a worker for it (routing/kv_tokens.py)
                     start = max(reusable, dispatch.template_tokens, len(prompt) - TAIL_TOKENS)
                     dispatch.last_message_ids = prompt[start:]
+                    # and the start of its first message after the template (the first call's own part)
+                    tt = dispatch.template_tokens
+                    end = st.head_end.setdefault(dispatch.template_id, min(len(prompt), tt + TAIL_TOKENS))
+                    dispatch.first_message_ids = prompt[tt:end]
                 policy.now = now
                 wi = policy.route(dispatch, fleet)
                 req = SimRequest(prompt=prompt, output_len=max(1, len(call.output)), output=call.output,

@@ -45,7 +45,7 @@ class Dispatch:
     """One call as a router sees it when it is sent; ``handle`` is the policy's own record of it."""
 
     __slots__ = ("session_id", "tenant", "template_id", "template_tokens", "replica", "handle", "template_token_ids",
-                 "last_message_ids")
+                 "last_message_ids", "first_message_ids")
 
     def __init__(self, session_id: str, tenant: str, template_id: str, template_tokens: int, replica: int) -> None:
         self.session_id = session_id
@@ -56,6 +56,7 @@ class Dispatch:
         self.handle: Any = None
         self.template_token_ids: Sequence[int] = ()  # the template's token ids (given to policies with kv_events)
         self.last_message_ids: Sequence[int] = ()  # the prompt's last message's token ids (ditto)
+        self.first_message_ids: Sequence[int] = ()  # ... and its first message's after the template (ditto)
 
 
 class RoutingPolicy:
@@ -261,7 +262,7 @@ class AgentCacheKv(AgentCache):
         super().completed(call, worker, prompt_tokens, cached_tokens)
         # what the gateway learns from the worker's /tokenize of the call's last message (calls/served.py)
         self.kv.learn_session(call.tenant, session_key(call.session_id), trim_edges(call.last_message_ids),
-                              self.urls[worker])
+                              self.urls[worker], head_ids=trim_edges(call.first_message_ids))
 
     def kv_batch(self, worker: int, events: list[Any]) -> None:
         self.kv.apply(self.urls[worker], self._seq[worker], KVEventBatch(self.now, events))

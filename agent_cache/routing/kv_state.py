@@ -14,12 +14,14 @@ depth or the node boundaries it sits at (a window cut by a split is lost
 for both halves, so a template is held when at least
 ``HOLD_FRACTION`` of its anchors are).
 
-A session's latest prefix is fingerprinted the same way, from its last
-message (:meth:`KvState.learn_session`): once that fingerprint was seen
-resident on the session's worker, its absence there means the worker
-evicted the session's tail (LRU evicts leaves first), so the router knows
-the prefix is lost before the next step instead of from that step's
-reported cached tokens (:meth:`KvState.annotate` marks it "gone").
+A session's latest prefix is fingerprinted the same way at both of its own
+ends (:meth:`KvState.learn_session`): the end of its last message and the
+start of its first message after the template. A radix tree evicts leaves
+first, so the tail resident means the whole prefix is ("held"), and the
+head, once seen resident on the session's worker, absent there means none
+of the session's own prefix is left ("gone"): the router knows it before
+the next step instead of from that step's reported cached tokens
+(:meth:`KvState.annotate` marks the worker).
 
 Bounded: a worker's runs are capped (``max_tokens``); past the cap the
 worker's state is dropped and it counts as unknown until its next
@@ -89,10 +91,12 @@ class _Worker:
 
 
 @dataclass(slots=True)
-class _SessionTail:
+class _SessionPrefix:
     worker: str  # where the session's latest step ran
-    fingerprint: tuple[int, ...]  # the anchors of that step's last message
-    seen: bool = False  # the fingerprint was resident there at least once since it was learnt
+    tail: tuple[int, ...]  # anchors of the end of that step's last message: resident, its whole prefix is
+    head: tuple[int, ...]  # anchors of the start of its first message after the template: gone, all of it is
+    head_text: int  # the head's text, hashed: asked of a worker again only when it changes
+    head_seen: bool = False  # the head was resident there at least once since it was learnt
 
 
 class KvState:
@@ -105,7 +109,7 @@ class KvState:
         self.max_sessions = max_sessions
         self._workers: dict[str, _Worker] = {}
         self._templates: dict[str, tuple[int, ...]] = {}
-        self._sessions: dict[tuple[str, str], _SessionTail] = {}  # (tenant, session key) -> its latest tail
+        self._sessions: dict[tuple[str, str], _SessionPrefix] = {}  # (tenant, session key) -> its latest step
         self._tails: dict[tuple[int, ...], int] = {}  # fingerprint -> sessions learnt with it (a copy may be any's)
         self._namespaces: set[str | None] = set()  # the extra_keys of the calls annotated (up to two)
         self._lock = threading.Lock()
@@ -149,52 +153,70 @@ class KvState:
 
     # --- sessions -------------------------------------------------------------------
 
-    def learn_session(self, tenant: str, session_id: str, token_ids: Sequence[int], worker: str) -> None:
-        """Remember the fingerprint of a session's latest step (its last message's token ids, as ``worker``
-        tokenizes them); a last message too short to have an anchor forgets the session instead."""
-        fp = fingerprint(token_ids)
+    def learn_session(self, tenant: str, session_id: str, tail_ids: Sequence[int], worker: str, *,
+                      head_ids: Sequence[int] | None = None, head_text: int = 0) -> None:
+        """Remember a session's latest step on ``worker``: the token ids (as that worker tokenizes them) of the
+        end of its last message (``tail_ids``) and of the start of its first message after the template
+        (``head_ids``; None: the head learnt before, when its text, ``head_text`` hashed, is the same)."""
+        tail = fingerprint(tail_ids)
         key = (tenant, session_id)
         with self._lock:
             old = self._pop_session(key)  # re-inserted last: the oldest learnt goes first past the bound
-            if not fp:
+            if head_ids is not None:
+                head = fingerprint(head_ids)
+            elif old is not None and old.head_text == head_text:
+                head = old.head
+            else:
+                head = ()
+            if not tail and not head:
                 return
             if len(self._sessions) >= self.max_sessions:
                 self._pop_session(next(iter(self._sessions)))
-            self._tails[fp] = self._tails.get(fp, 0) + 1
+            if tail:
+                self._tails[tail] = self._tails.get(tail, 0) + 1
             w = self._workers.get(worker)
-            seen = w is not None and w.known and self._tails[fp] == 1 and _holds(w, fp)
-            if old is not None and (old.worker, old.fingerprint) == (worker, fp):
-                seen = seen or old.seen  # the same tail again (a retried step): already seen there
-            self._sessions[key] = _SessionTail(worker, fp, seen)
+            seen = bool(head) and w is not None and w.known and _holds(w, head)
+            if old is not None and (old.worker, old.head) == (worker, head):
+                seen = seen or old.head_seen  # the same head there: already seen
+            self._sessions[key] = _SessionPrefix(worker, tail, head, head_text, seen)
 
-    def _pop_session(self, key: tuple[str, str]) -> _SessionTail | None:
-        tail = self._sessions.pop(key, None)
-        if tail is not None:
-            n = self._tails[tail.fingerprint] - 1
+    def session_head(self, tenant: str, session_id: str) -> int | None:
+        """The hash of the head text learnt for the session (None: none learnt)."""
+        known = self._sessions.get((tenant, session_id))
+        return known.head_text if known is not None and known.head else None
+
+    def _pop_session(self, key: tuple[str, str]) -> _SessionPrefix | None:
+        known = self._sessions.pop(key, None)
+        if known is not None and known.tail:
+            n = self._tails[known.tail] - 1
             if n:
-                self._tails[tail.fingerprint] = n
+                self._tails[known.tail] = n
             else:
-                del self._tails[tail.fingerprint]
-        return tail
+                del self._tails[known.tail]
+        return known
 
     def session_prefix(self, tenant: str, session_id: str, worker: str) -> str:
-        """What ``worker``'s events show of the session's latest prefix: "held" (its tail is resident there),
-        "gone" (it was seen resident since it was learnt and is not any more: evicted), "" (not known).
-        A tail other sessions share (the same last message) is never "held": a copy may be theirs."""
+        """What ``worker``'s events show of the session's latest prefix there: "held" (the end of its last
+        message is resident, so the whole path to it is: a radix tree evicts leaves first); "gone" (the start
+        of its first message after the template, seen resident since it was learnt, is not any more: nothing
+        of the session's own prefix is left); "" (not known, or only part of it gone). A tail other sessions
+        share (the same last message) is never "held": a copy may be theirs."""
         with self._lock:
             return self._session_prefix((tenant, session_id), worker)
 
     def _session_prefix(self, key: tuple[str, str], worker: str) -> str:
-        tail = self._sessions.get(key)
+        known = self._sessions.get(key)
         w = self._workers.get(worker)
-        if tail is None or tail.worker != worker or w is None or not w.known:
+        if known is None or known.worker != worker or w is None or not w.known:
             return ""
-        if _holds(w, tail.fingerprint):
-            if self._tails.get(tail.fingerprint, 0) > 1:
-                return ""  # shared: resident says nothing of this session's own copy
-            tail.seen = True
+        if known.head:
+            if _holds(w, known.head):
+                known.head_seen = True
+            elif known.head_seen:
+                return "gone"  # no copy at all is left there, whoever's it was
+        if known.tail and self._tails.get(known.tail, 0) == 1 and _holds(w, known.tail):
             return "held"
-        return "gone" if tail.seen else ""  # no copy at all is left: whoever's it was
+        return ""
 
     def forget_session(self, tenant: str, session_id: str) -> None:
         key = (tenant, session_id)
@@ -205,7 +227,7 @@ class KvState:
 
     @property
     def sessions(self) -> int:
-        """Sessions whose latest tail is fingerprinted."""
+        """Sessions whose latest step is fingerprinted."""
         return len(self._sessions)
 
     def annotate(self, template_id: str | None, specs: tuple[WorkerSpec, ...], *,
@@ -219,13 +241,13 @@ class KvState:
         "lacks", and the others keep the store's marks."""
         if len(self._namespaces) < 2:
             self._namespaces.add(namespace)
-        tail = self._sessions.get(session) if session is not None else None
-        if tail is not None and session is not None and any(s.url == tail.worker for s in specs):
+        last = self._sessions.get(session) if session is not None else None
+        if last is not None and session is not None and any(s.url == last.worker for s in specs):
             with self._lock:
-                mark = self._session_prefix(session, tail.worker)
+                mark = self._session_prefix(session, last.worker)
                 self.prefixes_gone += mark == "gone"
             if mark:
-                specs = tuple(replace(s, prefix=mark) if s.url == tail.worker else s for s in specs)
+                specs = tuple(replace(s, prefix=mark) if s.url == last.worker else s for s in specs)
         found = self.holders(template_id, [s.url for s in specs]) if template_id else None
         if found is None:
             return specs  # nothing known: the store's own marks decide, exactly as without events

@@ -10,11 +10,13 @@ added) is asked for the template's system prompt once, and the first and
 last ``EDGE`` tokens are dropped before the fingerprint is taken: every
 anchor left lies inside the rendered prompt as well.
 
-A session's latest prefix is fingerprinted the same way from the end of its
-last message (at most ``TAIL_CHARS`` characters: the newest tokens, the
-first an LRU cache evicts), asked after each of its served calls
-(:meth:`KvTokens.want_session`), so the router knows the worker evicted it
-before the next step (``KvState.learn_session``).
+A session's latest prefix is fingerprinted the same way at both of its own
+ends: the end of its last message (at most ``TAIL_CHARS`` characters: the
+newest tokens, the first an LRU cache evicts), asked after each of its
+served calls, and the start of its first message after the template (the
+oldest, the last evicted), asked when it changes (:meth:`KvTokens.want_session`),
+so the router knows before the next step whether the worker still holds
+all of it or none of it (``KvState.learn_session``).
 
 Off the call path: a served call only queues its template and its last
 message (:meth:`KvTokens.want`); background threads ask the worker, one
@@ -65,6 +67,18 @@ def last_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
         return None
     text = content_text(messages[-1].get("content"))
     return text[-TAIL_CHARS:] or None
+
+
+def head_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The start (``TAIL_CHARS``) of the first message after the template's leading one: the oldest part of
+    a session's own prefix, the last an LRU cache evicts."""
+    from agent_cache.templates.canonical import STABLE_ROLES, content_text
+
+    if len(messages) < 2:
+        return None
+    first = messages[1] if messages[0].get("role") in STABLE_ROLES else messages[0]
+    text = content_text(first.get("content"))
+    return text[:TAIL_CHARS] or None
 
 
 def trim_edges(ids: Sequence[int]) -> list[int]:
@@ -134,11 +148,11 @@ class KvTokens:
         text = last_text(messages)
         failed_at = self._failing.get(worker)
         if text is not None and (failed_at is None or self._clock() - failed_at >= RETRY_AFTER) \
-                and self._sessions.submit(tenant, session_id, text, worker):
+                and self._sessions.submit(tenant, session_id, text, head_text(messages), worker):
             return
         if text is not None:
             self.sessions_dropped += 1
-        # not asked: the session's older fingerprint is forgotten, not left to mislead
+        # not asked: the session's older fingerprints are forgotten, not left to mislead
         self.state.forget_session(tenant, session_id)
 
     def want_template(self, template_id: str | None, messages: Sequence[Mapping[str, Any]], worker: str) -> None:
@@ -173,19 +187,25 @@ class KvTokens:
             self.state.learn_template(template_id, ids)
             self.learnt += 1
 
-    def _learn_session(self, tenant: str, session_id: str, text: str, worker: str) -> None:
+    def _learn_session(self, tenant: str, session_id: str, text: str, head: str | None, worker: str) -> None:
         failed_at = self._failing.get(worker)
         if failed_at is not None and self._clock() - failed_at < RETRY_AFTER:
             self.sessions_dropped += 1  # queued before its worker failed: not asked (nor logged) again
             self.state.forget_session(tenant, session_id)
             return
         ids = self._ids(worker, text, "a session's last message")
+        head_key = hash(head) if head is not None else 0
+        head_ids: list[int] | None = None  # the head learnt before serves while its text is the same
+        if ids is not None and head is not None and self.state.session_head(tenant, session_id) != head_key:
+            head_ids = ids if head == text else self._ids(worker, head, "a session's first message")
+            if head_ids is None:
+                ids = None  # the worker failed the second ask
         if ids is None:
             self._failing[worker] = self._clock()
             self.state.forget_session(tenant, session_id)
         else:
             self._failing.pop(worker, None)
-            self.state.learn_session(tenant, session_id, ids, worker)
+            self.state.learn_session(tenant, session_id, ids, worker, head_ids=head_ids, head_text=head_key)
             self.sessions_learnt += 1
 
     def close(self) -> None:

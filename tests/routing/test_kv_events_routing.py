@@ -194,28 +194,35 @@ def test_the_indexer_follows_a_sim_worker_and_its_restart() -> None:
 
 
 def test_a_session_prefix_is_held_then_gone_as_the_worker_evicts_it() -> None:
-    """The session's last message, fingerprinted: resident -> "held"; evicted (LRU, then a restart) -> "gone";
-    never seen resident since it was learnt (its events not in yet) -> not known, never "gone"."""
+    """A session's prefix, fingerprinted at both of its own ends: its last message's end resident -> "held"
+    (a radix tree evicts leaves first, so the path to it is there too); only that leaf evicted -> not known
+    (part of it is left: staying is cheaper); its first message's start evicted as well -> "gone"; a
+    fingerprint never seen resident since it was learnt (its events not in yet) is never "gone"."""
     rng = random.Random(4)
     history, tail = _tokens(rng, 1_500), _tokens(rng, 300)
+    head = history[:300]
     state = KvState()
     cache = RadixCache(4_000, enable_kv_events=True)
     seq = _feed(state, W0, cache, 0)
-    state.learn_session("default", "s1", tail, W0)  # learnt before its blocks are stored: not seen yet
+    state.learn_session("default", "s1", tail, W0, head_ids=head)  # learnt before its blocks are stored
     assert state.session_prefix("default", "s1", W0) == ""
     cache.insert(history + tail)
     seq = _feed(state, W0, cache, seq)
     assert state.session_prefix("default", "s1", W0) == "held"
     assert state.session_prefix("default", "s1", W1) == ""  # learnt on W0 only
-    cache.insert(_tokens(rng, 3_000))  # other sessions' calls: LRU evicts s1's leaf, its tail first
+    cache.insert(history + _tokens(rng, 2_300))  # another branch off its history: LRU evicts s1's leaf only
     seq = _feed(state, W0, cache, seq)
-    assert cache.match_prefix(history + tail).length < len(history) + len(tail)
+    assert cache.match_prefix(history + tail).length == len(history)
+    assert state.session_prefix("default", "s1", W0) == ""  # its history is left: not gone
+    cache.insert(_tokens(rng, 4_000))  # other sessions' calls: all of it goes
+    seq = _feed(state, W0, cache, seq)
+    assert cache.match_prefix(history).length == 0
     assert state.session_prefix("default", "s1", W0) == "gone"
     specs = state.annotate(None, (WorkerSpec(W0), WorkerSpec(W1)), session=("default", "s1"))
     assert [s.prefix for s in specs] == ["gone", ""] and state.prefixes_gone == 1
-    state.learn_session("default", "s2", tail[:15], W0)  # shorter than an anchor window: not tracked at all
+    state.learn_session("default", "s2", tail[:15], W0, head_ids=tail[:15])  # shorter than an anchor window
     assert state.sessions == 1
-    state.learn_session("default", "s1", tail, W0)
+    state.learn_session("default", "s1", tail, W0, head_ids=head)
     cache.insert(history + tail)
     seq = _feed(state, W0, cache, seq)
     assert state.session_prefix("default", "s1", W0) == "held"
@@ -262,7 +269,7 @@ def test_an_evicted_session_moves_before_its_next_step_and_a_resident_one_stays(
             assert p.worker == first
             caches[first].insert(history + tail)
             seqs[first] = _feed(state, first, caches[first], seqs[first])
-            state.learn_session("default", session_key("s1"), tail, first)
+            state.learn_session("default", session_key("s1"), tail, first, head_ids=history[:300])
             step(9_200, 8_900)  # pinned: intact, by both the events and the report
             caches[first].insert(_tokens(rng, 3_000))  # evicted, before s1's next step
             seqs[first] = _feed(state, first, caches[first], seqs[first])
@@ -270,7 +277,7 @@ def test_an_evicted_session_moves_before_its_next_step_and_a_resident_one_stays(
             if events:
                 caches[p.worker].insert(history + tail)  # the moved step prefilled it there
                 seqs[p.worker] = _feed(state, p.worker, caches[p.worker], seqs[p.worker])
-                state.learn_session("default", session_key("s1"), tail, p.worker)
+                state.learn_session("default", session_key("s1"), tail, p.worker, head_ids=history[:300])
         outcomes[events] = seen
     assert outcomes[True] == ["placed_least_load", "pinned", "moved:evicted"], outcomes
     # without events the miss is found only in the reported usage: the step that missed stays, the next moves
