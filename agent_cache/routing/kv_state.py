@@ -47,7 +47,7 @@ FINGERPRINT_ANCHORS = 8
 HOLD_FRACTION = 0.75
 DEFAULT_MAX_TOKENS = 4_000_000  # per worker: 10x a 400k-token KV pool
 DEFAULT_MAX_TEMPLATES = 10_000
-DEFAULT_MAX_SESSIONS = 50_000  # about 35 MB
+DEFAULT_MAX_SESSIONS = 50_000  # about 60 MB (tracemalloc)
 
 
 def anchors(tokens: Sequence[int]) -> list[int]:
