@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from agent_cache.bench.policies import Dispatch, RoutingPolicy
 from agent_cache.bench.workloads import CallSpec, SessionSpec
-from agent_cache.routing.kv_tokens import TAIL_TOKENS
+from agent_cache.routing.kv_tokens import HEAD_MIN_TOKENS, TAIL_TOKENS
 from agent_cache.sim.latency import DEFAULT_LATENCY, LatencyModel
 from agent_cache.sim.kv_publisher import DECODE_LOG_INTERVAL
 from agent_cache.sim.radix import RadixCache
@@ -252,10 +252,13 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
                     # only, as the gateway asks a worker for it (routing/kv_tokens.py)
                     start = max(reusable, dispatch.template_tokens, len(prompt) - TAIL_TOKENS)
                     dispatch.last_message_ids = prompt[start:]
-                    # and the start of its first message after the template (the first call's own part)
+                    # and the start of its own part once that is long enough for an anchor (the gateway's
+                    # first message after the template with HEAD_MIN_CHARS), fixed from then on
                     tt = dispatch.template_tokens
-                    end = st.head_end.setdefault(dispatch.template_id, min(len(prompt), tt + TAIL_TOKENS))
-                    dispatch.first_message_ids = prompt[tt:end]
+                    end = st.head_end.get(dispatch.template_id)
+                    if end is None and len(prompt) - tt >= HEAD_MIN_TOKENS:
+                        end = st.head_end[dispatch.template_id] = min(len(prompt), tt + TAIL_TOKENS)
+                    dispatch.first_message_ids = prompt[tt:end] if end is not None else ()
                 policy.now = now
                 wi = policy.route(dispatch, fleet)
                 req = SimRequest(prompt=prompt, output_len=max(1, len(call.output)), output=call.output,

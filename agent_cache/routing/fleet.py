@@ -153,7 +153,13 @@ class Fleet:
             except (StoreError, ConfigError) as exc:
                 self._warn(f"fleet board unavailable, keeping the current workers: {exc}")
                 return
-            self._apply(entries)
+            drained = self._apply(entries)
+        for url in drained:  # after every drain of the pass, out of the lock: none is a target of another's
+            try:
+                if self.on_drain is not None:
+                    self.on_drain(url)
+            except Exception:  # a hook's failure must not stop the fleet (nor an admin's DELETE)
+                logger.exception("the drain hook failed for %s", url)
 
     def _finish_drains(self, entries: dict[str, FleetEntry]) -> dict[str, FleetEntry]:
         now = self._clock()
@@ -190,7 +196,8 @@ class Fleet:
             return None
         return {url: int(w.get("inflight", 0)) for url, w in stats["workers"].items()}
 
-    def _apply(self, entries: dict[str, FleetEntry]) -> None:
+    def _apply(self, entries: dict[str, FleetEntry]) -> list[str]:
+        """Apply the board to the router; returns the workers that began to drain."""
         desired: dict[str, tuple[str, str, str]] = {url: (pool, UP, STATIC) for url, pool in self._static.items()}
         for e in entries.values():
             if e.state == GONE:
@@ -205,6 +212,7 @@ class Fleet:
                 self._draining.discard(url)
                 logger.info("worker %s left the fleet", url)
         current = {w.url: w.pool for w in self.router.workers}
+        drained: list[str] = []
         for url, (pool, state, source) in desired.items():
             if url not in current:
                 self.router.add_worker(url, pool)
@@ -212,13 +220,13 @@ class Fleet:
             if state == DRAINING and url not in self._draining:
                 self.router.drain(url)
                 self._draining.add(url)
+                drained.append(url)
                 logger.info("worker %s draining", url)
-                if self.on_drain is not None:
-                    self.on_drain(url)
             elif state == UP and url in self._draining:
                 self.router.undrain(url)
                 self._draining.discard(url)
         self._sources = {url: source for url, (_, _, source) in desired.items()}
+        return drained
 
     # --- DNS discovery ------------------------------------------------------------------
 

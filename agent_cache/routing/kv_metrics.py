@@ -56,7 +56,8 @@ class _KvCollector(Collector):
             ("session_lookups_dropped", "sessions' last messages not tokenized (the queue full, the worker failing)"),
             ("prewarms", "templates prefilled ahead of need"), ("prewarm_hits", "new sessions placed on a worker "
              "because a prewarm put their template there"), ("prewarms_refused", "prewarms a worker's per-minute "
-             "budget refused"), ("prewarms_for_drains", "of the prewarms, those sent because a holder drained"), ("prewarms_failed", "prewarms a worker did not answer"),
+             "budget refused"),
+            ("prewarms_for_drains", "of the prewarms, those sent because a holder drained"), ("prewarms_failed", "prewarms a worker did not answer"),
             ("prewarms_dropped", "prewarms planned while the send queue was full (not sent)"))}
         values = dict.fromkeys(counters, 0.0)
         learnt = tails = 0

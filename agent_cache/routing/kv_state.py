@@ -168,7 +168,7 @@ class KvState:
                 head = old.head
             else:
                 head = ()
-            if not tail and not head:
+            if not tail and not head and not head_text:
                 return
             if len(self._sessions) >= self.max_sessions:
                 self._pop_session(next(iter(self._sessions)))
@@ -181,9 +181,9 @@ class KvState:
             self._sessions[key] = _SessionPrefix(worker, tail, head, head_text, seen)
 
     def session_head(self, tenant: str, session_id: str) -> int | None:
-        """The hash of the head text learnt for the session (None: none learnt)."""
+        """The hash of the head text learnt for the session, even one without an anchor (None: none)."""
         known = self._sessions.get((tenant, session_id))
-        return known.head_text if known is not None and known.head else None
+        return known.head_text if known is not None and known.head_text else None
 
     def _pop_session(self, key: tuple[str, str]) -> _SessionPrefix | None:
         known = self._sessions.pop(key, None)

@@ -13,8 +13,9 @@ anchor left lies inside the rendered prompt as well.
 A session's latest prefix is fingerprinted the same way at both of its own
 ends: the end of its last message (at most ``TAIL_CHARS`` characters: the
 newest tokens, the first an LRU cache evicts), asked after each of its
-served calls, and the start of its first message after the template (the
-oldest, the last evicted), asked when it changes (:meth:`KvTokens.want_session`),
+served calls, and the start of its first message after the template long
+enough to hold an anchor (the oldest, the last evicted), asked when it
+changes (:meth:`KvTokens.want_session`),
 so the router knows before the next step whether the worker still holds
 all of it or none of it (``KvState.learn_session``).
 
@@ -46,6 +47,8 @@ MAX_QUEUED = 256
 TOKENIZE_TIMEOUT = 5.0
 TAIL_CHARS = 4_000  # about 1,000 tokens: enough for the fingerprint's 8 anchors, a bounded ask per call
 TAIL_TOKENS = TAIL_CHARS // 4  # the same end in tokens, at about 4 characters a token (the fleet simulation's)
+HEAD_MIN_CHARS = 800  # about 200 tokens: some 5 anchors expected (a 40-token question has most often none)
+HEAD_MIN_TOKENS = HEAD_MIN_CHARS // 4
 
 
 def system_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
@@ -70,15 +73,17 @@ def last_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def head_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
-    """The start (``TAIL_CHARS``) of the first message after the template's leading one: the oldest part of
-    a session's own prefix, the last an LRU cache evicts."""
+    """The start (``TAIL_CHARS``) of the first message after the template's leading one that has
+    ``HEAD_MIN_CHARS`` of text: the oldest part of a session's own prefix with room for an anchor, the last an
+    LRU cache evicts (the shorter messages before it, a question say, hold a few dozen tokens at most)."""
     from agent_cache.templates.canonical import STABLE_ROLES, content_text
 
-    if len(messages) < 2:
-        return None
-    first = messages[1] if messages[0].get("role") in STABLE_ROLES else messages[0]
-    text = content_text(first.get("content"))
-    return text[:TAIL_CHARS] or None
+    start = 1 if messages and messages[0].get("role") in STABLE_ROLES else 0
+    for message in messages[start:]:
+        text = content_text(message.get("content"))
+        if len(text) >= HEAD_MIN_CHARS:
+            return text[:TAIL_CHARS]
+    return None
 
 
 def trim_edges(ids: Sequence[int]) -> list[int]:

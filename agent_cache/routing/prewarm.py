@@ -181,7 +181,8 @@ class Prewarming:
         return self.prewarmer.plan(template_id, placement.worker, placement.outcome, held, room, self._clock())
 
     def _holders_and_room(self, template_id: str, template_tokens: int, pool: str) -> tuple[frozenset[str], list[str]]:
-        """Who holds the template in ``pool``, and the up workers with room for it, emptiest first."""
+        """Who holds the template in ``pool``, and the up workers with room for it, emptiest first (a draining
+        worker holds it for this plan until its own drain asks for its replacement)."""
         specs = self.router.specs(pool)
         found = self.kv.holders(template_id, [s.url for s in specs])
         room: list[str] = []  # the template's tokens not learnt yet: who holds it is unknown, nothing is sent
@@ -201,7 +202,8 @@ class Prewarming:
             held, room = self._holders_and_room(template_id, tokens, pool)
             if url not in held:
                 continue
-            for target in self.prewarmer.replace(template_id, held - {url}, room, self._clock()):
+            serving = {s.url for s in self.router.specs(pool) if s.state == UP}  # draining or down ones do not
+            for target in self.prewarmer.replace(template_id, held & serving, room, self._clock()):
                 if not self._jobs.submit(target, body):
                     self.dropped += 1
 

@@ -174,3 +174,16 @@ def test_a_sessions_last_message_is_its_end_only_and_never_the_template() -> Non
     assert last_text([{"role": "system", "content": SYSTEM}]) is None  # the template alone: no step of its own
     assert last_text([{"role": "system", "content": SYSTEM}, {"role": "assistant", "content": None,
                                                                "tool_calls": []}]) is None
+
+
+def test_a_sessions_head_is_its_first_message_long_enough_for_an_anchor() -> None:
+    from agent_cache.routing.kv_tokens import HEAD_MIN_CHARS, TAIL_CHARS, head_text
+
+    question, observation = "What is the capital of Peru?", "Search result: " + "Lima. " * 1_000
+    thought = "I should search." * 3
+    assert head_text([{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]) is None
+    steps = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question},
+             {"role": "assistant", "content": thought}, {"role": "tool", "content": observation},
+             {"role": "user", "content": "x" * HEAD_MIN_CHARS}]
+    assert head_text(steps) == observation[:TAIL_CHARS]  # the question and the thought are too short
+    assert head_text([{"role": "user", "content": "y" * HEAD_MIN_CHARS}]) == "y" * HEAD_MIN_CHARS  # no template
