@@ -15,17 +15,18 @@ ends: the end of its last message (at most ``TAIL_CHARS`` characters: the
 newest tokens, the first an LRU cache evicts), asked after each of its
 served calls, and the start of its first message after the template long
 enough to hold an anchor (the oldest, the last evicted), asked when it
-changes (:meth:`KvTokens.want_session`),
-so the router knows before the next step whether the worker still holds
-all of it or none of it (``KvState.learn_session``).
+changes (:meth:`KvTokens.want_session`), so the router knows before the
+next step whether the worker still holds all of it or none of it
+(``KvState.learn_session``).
 
 Off the call path: a served call only queues its template and its last
 message (:meth:`KvTokens.want`); background threads ask the worker, one
 for templates and one for sessions, through one kept-alive client per
 worker. A failed template ask is retried after ``RETRY_AFTER`` s, by the
 next call of the template; a worker that failed a session's ask is not
-asked for sessions' messages for ``RETRY_AFTER`` s. A system prompt too short to have an anchor is learnt as
-empty, and its holders stay the router's own marks. A session's last
+asked for sessions' messages for ``RETRY_AFTER`` s. A system prompt too
+short to have an anchor is learnt as empty, and its holders stay the
+router's own marks. A session's last
 message not learnt (a full queue, a failing worker) forgets the session's
 older fingerprint, so its reported cached tokens decide, as without events.
 """

@@ -4,6 +4,8 @@ system prompt's text names the template inside the prompt the worker renders and
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
+from typing import Iterator
 
 import httpx
 import pytest
@@ -48,9 +50,11 @@ def test_a_worker_that_does_not_answer_is_asked_again_only_after_the_retry_time(
         learner.close()
 
 
-@pytest.mark.parametrize("tools", [None, [{"type": "function", "function": {"name": "sum", "parameters": {}}}]])
-def test_chat_sglang_learns_its_template_and_finds_it_in_the_workers_events(tools) -> None:
-    pub, replay = free_port(), free_port()  # with a replay endpoint: the start-up reset is fetched again
+@contextmanager
+def _chat_model_on_a_worker_with_events() -> Iterator[tuple[SimWorkerThread, KvState, ChatSGLang]]:
+    """A sim worker publishing its KV events (with a replay endpoint: the start-up reset is fetched again),
+    followed by an indexer, known to it (an idle flush publishes at once), and a ChatSGLang routed there."""
+    pub, replay = free_port(), free_port()
     config = {"publisher": "zmq", "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
     worker = SimWorkerThread(WorkerOptions(time_scale=0.0, kv_events_config=json.dumps(config)))
     worker.start()
@@ -59,8 +63,19 @@ def test_chat_sglang_learns_its_template_and_finds_it_in_the_workers_events(tool
     router = Router([worker.url], kv_events=state, probe_interval=None)
     model = ChatSGLang(router=router, max_tokens=4)
     try:
-        with httpx.Client(base_url=worker.url) as client:  # an idle flush publishes at once: the indexer hears
+        with httpx.Client(base_url=worker.url) as client:
             _until(lambda: client.post("/flush_cache").is_success and state.known(worker.url), "the worker known")
+        yield worker, state, model
+    finally:
+        model.close()
+        router.close()
+        indexer.close()
+        worker.stop()
+
+
+@pytest.mark.parametrize("tools", [None, [{"type": "function", "function": {"name": "sum", "parameters": {}}}]])
+def test_chat_sglang_learns_its_template_and_finds_it_in_the_workers_events(tools) -> None:
+    with _chat_model_on_a_worker_with_events() as (worker, state, model):
         llm = model.bind_tools(tools) if tools else model
         answer = llm.invoke([("system", SYSTEM), ("user", "Check the March report.")])
         tid = answer.response_metadata["template_id"]
@@ -70,28 +85,13 @@ def test_chat_sglang_learns_its_template_and_finds_it_in_the_workers_events(tool
         with httpx.Client(base_url=worker.url) as client:
             client.post("/flush_cache").raise_for_status()  # an idle flush is published at once
         _until(lambda: state.holders(tid, [worker.url]) == (set(), {worker.url}), "the template gone")
-    finally:
-        model.close()
-        router.close()
-        indexer.close()
-        worker.stop()
 
 
 def test_chat_sglang_learns_each_steps_last_message_and_the_events_show_it_evicted() -> None:
     """After each served call the session's last message is tokenized by its worker: its fingerprint is
     found resident in the worker's events ("held"), and gone once the worker's cache is flushed."""
-    pub = free_port()
-    config = {"publisher": "zmq", "endpoint": f"tcp://*:{pub}"}
-    worker = SimWorkerThread(WorkerOptions(time_scale=0.0, kv_events_config=json.dumps(config)))
-    worker.start()
-    state = KvState()
-    indexer = KvIndexer(state, parse_sources(f"{worker.url}=tcp://127.0.0.1:{pub}")).start()
-    router = Router([worker.url], kv_events=state, probe_interval=None)
-    model = ChatSGLang(router=router, max_tokens=4)
     observation = " ".join(f"row {i}: revenue {i * 17 % 89}, cost {i * 5 % 31}, margin ok." for i in range(40))
-    try:
-        with httpx.Client(base_url=worker.url) as client:
-            _until(lambda: client.post("/flush_cache").is_success and state.known(worker.url), "the worker known")
+    with _chat_model_on_a_worker_with_events() as (worker, state, model):
         answer = model.invoke([("system", SYSTEM), ("user", observation)], session_id="s-1")
         sid = answer.response_metadata["session_id"]
         _until(lambda: state.sessions == 1, "the last message learnt")
@@ -101,11 +101,6 @@ def test_chat_sglang_learns_each_steps_last_message_and_the_events_show_it_evict
         _until(lambda: state.session_prefix("default", sid, worker.url) == "gone", "its prefix evicted")
         learner = model._served.template_tokens
         assert learner is not None and learner.sessions_learnt == 1 and learner.failed == 0
-    finally:
-        model.close()
-        router.close()
-        indexer.close()
-        worker.stop()
 
 
 def test_a_worker_failing_a_sessions_ask_is_not_asked_for_sessions_until_the_retry_time() -> None:
