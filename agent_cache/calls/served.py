@@ -16,10 +16,12 @@ from typing import Any, Sequence
 from agent_cache.backends.protocol import Usage
 from agent_cache.calls.prepare import Call
 from agent_cache.errors import ConfigError
+from agent_cache.routing.kv_share import KvShare
 from agent_cache.routing.kv_tokens import KvTokens
 from agent_cache.routing.prewarm import DEFAULT_THRESHOLD, Prewarmer, Prewarming
 from agent_cache.routing.router import Router
 from agent_cache.routing.types import Placement
+from agent_cache.store.redis_store import RedisStore
 from agent_cache.templates.registry import TemplateRegistry
 from agent_cache.traces import TraceWriter
 
@@ -41,12 +43,15 @@ class Served:
                    api_key: str | None = None, prewarm: bool = False,
                    prewarm_threshold: float = DEFAULT_THRESHOLD) -> "Served":
         """The hook for calls ``router`` places: with its KV events on, templates' tokens are learnt from the
-        workers (``api_key``: theirs) and, with ``prewarm``, hot templates are prewarmed."""
+        workers (``api_key``: theirs), shared through a Redis store with the other router processes
+        (``routing/kv_share.py``), and, with ``prewarm``, hot templates are prewarmed."""
         kv = router.kv_events
         if prewarm and kv is None:
             raise ConfigError("prewarm", "prewarming needs the workers' KV events: Router(..., kv_events="
                                          "KvState()) fed by a KvIndexer (docs/routing.md)")
-        learner = None if kv is None else KvTokens(kv, api_key=api_key)
+        # with a Redis store, what each session's calls teach is shared with the other router processes
+        share = KvShare(kv, router.store).start() if kv is not None and isinstance(router.store, RedisStore) else None
+        learner = None if kv is None else KvTokens(kv, api_key=api_key, share=share)
         prewarming = Prewarming(router, prewarmer=Prewarmer(threshold=prewarm_threshold),
                                 api_key=api_key) if prewarm else None
         return cls(registry, trace, learner, prewarming)

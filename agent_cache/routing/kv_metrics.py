@@ -58,7 +58,11 @@ class _KvCollector(Collector):
              "because a prewarm put their template there"), ("prewarms_refused", "prewarms a worker's per-minute "
              "budget refused"),
             ("prewarms_for_drains", "of the prewarms, those sent because a holder drained"), ("prewarms_failed", "prewarms a worker did not answer"),
-            ("prewarms_dropped", "prewarms planned while the send queue was full (not sent)"))}
+            ("prewarms_dropped", "prewarms planned while the send queue was full (not sent)"),
+            ("sessions_shared", "sessions' fingerprints appended to the store for the other router processes"),
+            ("sessions_adopted", "sessions' fingerprints other router processes learnt, adopted here"),
+            ("session_shares_dropped", "sessions' fingerprints not appended (the queue full, the store away)"),
+            ("session_share_resets", "times every session's fingerprints were forgotten: shared ones may be missed"))}
         values = dict.fromkeys(counters, 0.0)
         learnt = tails = 0
         workers: dict[str, int | None] = {}
@@ -76,6 +80,11 @@ class _KvCollector(Collector):
             if learner is not None:
                 values["token_lookups_failed"] += learner.failed
                 values["session_lookups_dropped"] += learner.sessions_dropped
+                if learner.share is not None:
+                    values["sessions_shared"] += learner.share.shared
+                    values["sessions_adopted"] += learner.share.adopted
+                    values["session_shares_dropped"] += learner.share.dropped
+                    values["session_share_resets"] += learner.share.resets
             if prewarming is not None:
                 c = prewarming.prewarmer.counts
                 values["prewarms"] += c.prewarms

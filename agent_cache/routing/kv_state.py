@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 from agent_cache.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from agent_cache.store.base import WorkerSpec
@@ -90,12 +90,23 @@ class _Worker:
     removed: int = 0
 
 
+class SessionPrint(NamedTuple):
+    """A session's latest step as learnt: where it ran and the anchors of its prefix's two ends."""
+
+    worker: str
+    tail: tuple[int, ...]  # anchors of the end of its last message
+    head: tuple[int, ...]  # anchors of the start of its first message after the template
+    head_text: int  # that message's start, hashed (``kv_tokens.text_key``): the same in every process
+    at: float = 0.0  # when the step was served (epoch seconds): a record older than the one known is not adopted
+
+
 @dataclass(slots=True)
 class _SessionPrefix:
     worker: str  # where the session's latest step ran
     tail: tuple[int, ...]  # anchors of the end of that step's last message: resident, its whole prefix is
     head: tuple[int, ...]  # anchors of the start of its first message after the template: gone, all of it is
     head_text: int  # the head's text, hashed: asked of a worker again only when it changes
+    at: float = 0.0  # when that step was served
     head_seen: bool = False  # the head was resident there at least once since it was learnt
 
 
@@ -154,20 +165,29 @@ class KvState:
     # --- sessions -------------------------------------------------------------------
 
     def learn_session(self, tenant: str, session_id: str, tail_ids: Sequence[int], worker: str, *,
-                      head_ids: Sequence[int] | None = None, head_text: int = 0) -> None:
+                      head_ids: Sequence[int] | None = None, head_text: int = 0, at: float = 0.0) -> None:
         """Remember a session's latest step on ``worker``: the token ids (as that worker tokenizes them) of the
         end of its last message (``tail_ids``) and of the start of its first message after the template
-        (``head_ids``; None: the head learnt before, when its text, ``head_text`` hashed, is the same)."""
-        tail = fingerprint(tail_ids)
-        key = (tenant, session_id)
+        (``head_ids``; None: the head learnt before, when its text, ``head_text`` hashed, is the same);
+        ``at``: when the step was served."""
+        head = None if head_ids is None else fingerprint(head_ids)
+        self._learn((tenant, session_id), SessionPrint(worker, fingerprint(tail_ids), head or (), head_text, at),
+                    keep_head=head_ids is None)
+
+    def adopt_session(self, tenant: str, session_id: str, learnt: "SessionPrint") -> None:
+        """Take a session's step as another router process learnt it (``routing/kv_share.py``), unless a later
+        one is known."""
+        self._learn((tenant, session_id), learnt, keep_head=False)
+
+    def _learn(self, key: tuple[str, str], learnt: "SessionPrint", *, keep_head: bool) -> None:
+        worker, tail, head, head_text, at = learnt
         with self._lock:
+            known = self._sessions.get(key)
+            if known is not None and known.at > at:
+                return  # a later step is known (learnt by another process, or here by a faster ask)
             old = self._pop_session(key)  # re-inserted last: the oldest learnt goes first past the bound
-            if head_ids is not None:
-                head = fingerprint(head_ids)
-            elif old is not None and old.head_text == head_text:
-                head = old.head
-            else:
-                head = ()
+            if keep_head:
+                head = old.head if old is not None and old.head_text == head_text else ()
             if not tail and not head and not head_text:
                 return
             if len(self._sessions) >= self.max_sessions:
@@ -178,7 +198,15 @@ class KvState:
             seen = bool(head) and w is not None and w.known and _holds(w, head)
             if old is not None and (old.worker, old.head) == (worker, head):
                 seen = seen or old.head_seen  # the same head there: already seen
-            self._sessions[key] = _SessionPrefix(worker, tail, head, head_text, seen)
+            self._sessions[key] = _SessionPrefix(worker, tail, head, head_text, at, seen)
+
+    def session_print(self, tenant: str, session_id: str) -> "SessionPrint | None":
+        """What is learnt of the session's latest step (None: nothing)."""
+        with self._lock:
+            known = self._sessions.get((tenant, session_id))
+            if known is None:
+                return None
+            return SessionPrint(known.worker, known.tail, known.head, known.head_text, known.at)
 
     def session_head(self, tenant: str, session_id: str) -> int | None:
         """The hash of the head text learnt for the session, even one without an anchor (None: none)."""
@@ -218,12 +246,21 @@ class KvState:
             return "held"
         return ""
 
-    def forget_session(self, tenant: str, session_id: str) -> None:
+    def forget_session(self, tenant: str, session_id: str, *, at: float | None = None) -> None:
+        """Forget the session's fingerprints (``at``: those of steps served before then only)."""
         key = (tenant, session_id)
         if key not in self._sessions:  # the common case, without the lock the subscriber thread takes
             return
         with self._lock:
-            self._pop_session(key)
+            known = self._sessions.get(key)
+            if known is not None and (at is None or known.at <= at):
+                self._pop_session(key)
+
+    def forget_sessions(self) -> None:
+        """Every session's fingerprints forgotten (records shared by other processes were missed)."""
+        with self._lock:
+            self._sessions.clear()
+            self._tails.clear()
 
     @property
     def sessions(self) -> int:

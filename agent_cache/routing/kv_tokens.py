@@ -33,13 +33,17 @@ older fingerprint, so its reported cached tokens decide, as without events.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from agent_cache.background import Jobs
 from agent_cache.routing.kv_state import KvState
+
+if TYPE_CHECKING:
+    from agent_cache.routing.kv_share import KvShare
 
 log = logging.getLogger(__name__)
 EDGE = 8  # tokens dropped at each end: a merge with the chat template's text around them may differ
@@ -87,6 +91,11 @@ def head_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
+def text_key(text: str) -> int:
+    """A text's hash, the same in every process (``hash`` of a str is not): never 0."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") or 1
+
+
 def trim_edges(ids: Sequence[int]) -> list[int]:
     """Token ids less ``EDGE`` at each end (nothing left of a text that short)."""
     return list(ids)[EDGE:-EDGE] if len(ids) > 2 * EDGE else []
@@ -126,8 +135,9 @@ class KvTokens:
 
     def __init__(self, state: KvState, *, api_key: str | None = None,
                  tokenize: Callable[[str, str], Sequence[int]] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, share: "KvShare | None" = None) -> None:
         self.state = state
+        self.share = share  # tells the other router processes what is learnt of each session
         self._own = None if tokenize is not None else _SGLangTokenizer(api_key)
         self._tokenize: Callable[[str, str], Sequence[int]] = tokenize or self._own  # type: ignore[assignment]
         self._clock = clock
@@ -153,13 +163,14 @@ class KvTokens:
     def want_session(self, tenant: str, session_id: str, messages: Sequence[Mapping[str, Any]], worker: str) -> None:
         text = last_text(messages)
         failed_at = self._failing.get(worker)
+        at = time.time()  # when the step was served: the latest learnt step wins, in every process
         if text is not None and (failed_at is None or self._clock() - failed_at >= RETRY_AFTER) \
-                and self._sessions.submit(tenant, session_id, text, head_text(messages), worker):
+                and self._sessions.submit(tenant, session_id, text, head_text(messages), worker, at):
             return
         if text is not None:
             self.sessions_dropped += 1
         # not asked: the session's older fingerprints are forgotten, not left to mislead
-        self.state.forget_session(tenant, session_id)
+        self._forget(tenant, session_id, at)
 
     def want_template(self, template_id: str | None, messages: Sequence[Mapping[str, Any]], worker: str) -> None:
         if not template_id or self.state.knows_template(template_id):
@@ -193,14 +204,20 @@ class KvTokens:
             self.state.learn_template(template_id, ids)
             self.learnt += 1
 
-    def _learn_session(self, tenant: str, session_id: str, text: str, head: str | None, worker: str) -> None:
+    def _forget(self, tenant: str, session_id: str, at: float) -> None:
+        self.state.forget_session(tenant, session_id, at=at)
+        if self.share is not None:
+            self.share.publish(tenant, session_id, at)
+
+    def _learn_session(self, tenant: str, session_id: str, text: str, head: str | None, worker: str,
+                       at: float) -> None:
         failed_at = self._failing.get(worker)
         if failed_at is not None and self._clock() - failed_at < RETRY_AFTER:
             self.sessions_dropped += 1  # queued before its worker failed: not asked (nor logged) again
-            self.state.forget_session(tenant, session_id)
+            self._forget(tenant, session_id, at)
             return
         ids = self._ids(worker, text, "a session's last message")
-        head_key = hash(head) if head is not None else 0
+        head_key = text_key(head) if head is not None else 0
         head_ids: list[int] | None = None  # the head learnt before serves while its text is the same
         if ids is not None and head is not None and self.state.session_head(tenant, session_id) != head_key:
             head_ids = ids if head == text else self._ids(worker, head, "a session's first message")
@@ -208,15 +225,19 @@ class KvTokens:
                 ids = None  # the worker failed the second ask
         if ids is None:
             self._failing[worker] = self._clock()
-            self.state.forget_session(tenant, session_id)
+            self._forget(tenant, session_id, at)
         else:
             self._failing.pop(worker, None)
-            self.state.learn_session(tenant, session_id, ids, worker, head_ids=head_ids, head_text=head_key)
+            self.state.learn_session(tenant, session_id, ids, worker, head_ids=head_ids, head_text=head_key, at=at)
             self.sessions_learnt += 1
+            if self.share is not None:
+                self.share.publish(tenant, session_id, at)
 
     def close(self) -> None:
-        """Stop asking: what is still queued is dropped, the asks under way (if any) end first."""
+        """Stop asking (and sharing): what is still queued is dropped, the asks under way (if any) end first."""
         self._templates.close()
         self._sessions.close()
+        if self.share is not None:
+            self.share.close()
         if self._own is not None:
             self._own.close()

@@ -87,5 +87,8 @@ workers_set = _deployment_key("workers", "Set: the URL of every worker a session
 templates_in_use = _deployment_key(
     "tu", "Sorted set: template member -> last use (ms); members past the template retention are dropped."
 )
+kv_sessions = _deployment_key(
+    "kvs", "Stream: sessions' prefix fingerprints as router processes learnt them (capped; routing/kv_share.py)."
+)
 outcomes = _deployment_key("outcomes", "Hash: routing outcome -> decisions that had it.")
 usage = _deployment_key("use", "Hash: ``uncached`` prompt tokens of every reported call, summed, and ``calls`` reported.")

@@ -269,6 +269,20 @@ class RedisStore:
     def ping(self) -> None:
         self._call(self._client.ping)
 
+    # --- sessions' prefix fingerprints, shared by the router processes (routing/kv_share.py) ---
+
+    def append_session_print(self, record: str, max_records: int) -> None:
+        """Append one record to the deployment's stream, keeping about its last ``max_records``."""
+        key = keys.kv_sessions(self.prefix)
+        self._call(lambda: self._client.xadd(key, {"r": record}, maxlen=max_records, approximate=True))
+
+    def session_prints(self, since: str, count: int) -> list[tuple[str, str]]:
+        """Up to ``count`` records from id ``since`` on, ``since`` itself included when still held (``-``: from
+        the oldest held): (id, record) pairs, oldest first."""
+        key = keys.kv_sessions(self.prefix)
+        found = self._call(lambda: self._client.xrange(key, since, "+", count=count))
+        return [(_text(i), _text(fields.get(b"r", fields.get("r", b"")))) for i, fields in found]
+
     def close(self) -> None:
         self._client.close()
 
@@ -348,6 +362,10 @@ def _release_args(releases: ReleaseBatch | Mapping[str, int] | None, source: str
     for url, total in releases.totals.items():
         out += [url, int(total), int(releases.deltas[url])]
     return out
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 __all__ = ["RedisStore", "validate_redis_url", "delete_deployment"]
