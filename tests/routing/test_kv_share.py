@@ -152,3 +152,21 @@ def test_the_stream_keeps_about_its_cap_of_records(redis_server, stack) -> None:
         client.close()
     assert 100 <= length < 300  # about the cap (trimmed whole nodes at a time)
     assert share_a.dropped == 0
+
+
+def test_a_store_refusing_the_stream_commands_leaves_each_process_with_its_own_sessions(redis_server, stack) -> None:
+    """ACL rules without XADD / XRANGE: nothing is shared, the refusals are counted, and what a process
+    learnt itself still serves its routes."""
+    admin = redis.Redis.from_url(redis_server.url)
+    stack.callback(admin.close)
+    admin.execute_command("ACL", "SETUSER", "narrow", "on", ">pw", "~*", "+@all", "-xadd", "-xrange")
+    url = f"redis://narrow:pw@127.0.0.1:{redis_server.port}/0"
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    (a, share_a), (b, share_b) = _process(stack, url, prefix), _process(stack, url, prefix)
+    rng = random.Random(6)
+    a.learn_session("default", "s1", _tokens(rng, 400), W0, at=1.0)
+    share_a.publish("default", "s1", 1.0)
+    wait_until(lambda: share_a.dropped == 1, [], "the refused append counted", timeout=5.0)
+    time.sleep(0.2)
+    assert (share_a.shared, b.sessions, a.sessions) == (0, 0, 1)
+    assert share_b._thread.is_alive()  # still trying, once a second
