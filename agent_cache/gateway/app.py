@@ -161,8 +161,6 @@ class Gateway:
         self.limits = RateLimits(config.redis_url, config.prefix)  # rpm= and tpm= of the keys file
         served = Served.for_router(self.registry, self.router, api_key=config.worker_api_key,
                                    prewarm=config.prewarm, prewarm_threshold=config.prewarm_threshold)
-        if served.prewarming is not None:  # a worker drained: its hot templates are prewarmed elsewhere
-            self.fleet.on_drain = served.prewarming.drained
         self.forward = Forward(self.router, self.transport, served, self.limits,
                                timeout=config.timeout, max_attempts=config.max_attempts,
                                early_sends=self.metrics.early_sends,

@@ -88,7 +88,6 @@ class Fleet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warned: str | None = None
-        self.on_drain: Callable[[str], None] | None = None  # called with a worker's URL once it drains here
 
     # --- admin ------------------------------------------------------------------------
 
@@ -155,11 +154,7 @@ class Fleet:
                 return
             drained = self._apply(entries)
         for url in drained:  # after every drain of the pass, out of the lock: none is a target of another's
-            try:
-                if self.on_drain is not None:
-                    self.on_drain(url)
-            except Exception:  # a hook's failure must not stop the fleet (nor an admin's DELETE)
-                logger.exception("the drain hook failed for %s", url)
+            self.router.drain_hooks.run(url)
 
     def _finish_drains(self, entries: dict[str, FleetEntry]) -> dict[str, FleetEntry]:
         now = self._clock()
@@ -218,7 +213,7 @@ class Fleet:
                 self.router.add_worker(url, pool)
                 logger.info("worker %s joined pool %s (%s)", url, pool, source)
             if state == DRAINING and url not in self._draining:
-                self.router.drain(url)
+                self.router.drain(url, run_hooks=False)
                 self._draining.add(url)
                 drained.append(url)
                 logger.info("worker %s draining", url)

@@ -9,11 +9,11 @@ can be spread without a miss. (The worker a session was just placed on is
 never prewarmed for it: the session's own first call is already on its
 way there, and a prefill beside it would only compute the template twice.)
 
-When a worker drains (:meth:`Prewarming.drained`; the gateway's fleet calls
-it), each hot template it held is prewarmed the same way on another worker,
-while fewer of the remaining workers hold it than that number: the
-sessions placed while it drains, and the pins that move off it, then find
-it cached.
+When a worker drains (:meth:`Prewarming.drained`, a hook of the router's
+``drain_hooks``: ``Router.drain`` and the gateway's fleet run it), each hot
+template it held is prewarmed the same way on another worker, while fewer
+of the remaining workers hold it than that number: the sessions placed
+while it drains, and the pins that move off it, then find it cached.
 
 A prewarm is a one-token request of the template's prompt, sent off the
 call path by whoever acts on :meth:`Prewarmer.plan`; each worker gets at
@@ -174,6 +174,7 @@ class Prewarming:
         # (template, tenant) -> its prewarm body, tokens and pool, from its latest new session: drains replay them
         self._recent: dict[tuple[str, str], tuple[dict[str, Any], int, str]] = {}
         self._recent_lock = threading.Lock()
+        router.drain_hooks.add(self.drained)  # a holder drained (the fleet, or Router.drain): prewarmed elsewhere
 
     def targets(self, template_id: str, template_tokens: int, placement: "Placement") -> list[str]:
         """The workers to prefill ``template_id`` on after ``placement`` (also counts the session's start)."""
@@ -239,6 +240,7 @@ class Prewarming:
             log.warning("prewarm of %s failed: %s", url, exc)
 
     def close(self) -> None:
+        self.router.drain_hooks.remove(self.drained)
         self._jobs.close()
 
 

@@ -284,9 +284,11 @@ def test_an_evicted_session_moves_before_its_next_step_and_a_resident_one_stays(
     assert outcomes[False] == ["placed_least_load", "pinned", "pinned"], outcomes
 
 
-def test_a_draining_holder_of_a_hot_template_has_it_prewarmed_elsewhere_by_the_fleet() -> None:
-    """The fleet drains a worker (an admin's DELETE /workers, DNS): the hot templates it held are prefilled
-    on a worker with room before their sessions spread there; a worker that held none prewarms nothing."""
+@pytest.mark.parametrize("drain_by", ["fleet", "router"])
+def test_a_draining_holder_of_a_hot_template_has_it_prewarmed_elsewhere(drain_by: str) -> None:
+    """A worker drains, by the fleet (an admin's DELETE /workers, DNS) or by ``Router.drain`` (``ChatSGLang``'s
+    users): the hot templates it held are prefilled on a worker with room before their sessions spread there;
+    a worker that held none prewarms nothing."""
     from agent_cache.gateway.admin import fleet_for
     from agent_cache.routing.fleet import FleetConfig
     from agent_cache.routing.prewarm import Prewarmer, Prewarming
@@ -306,7 +308,7 @@ def test_a_draining_holder_of_a_hot_template_has_it_prewarmed_elsewhere_by_the_f
                                 send=lambda url, body: sent.append(url))
         counts = prewarming.prewarmer.counts
         fleet = fleet_for(None, f"fl-{uuid.uuid4().hex[:8]}", router, FleetConfig())
-        fleet.on_drain = prewarming.drained
+        drain = fleet.remove if drain_by == "fleet" else router.drain
         try:
             holder = None
             for i in range(3):  # three new sessions within a minute: hot
@@ -321,9 +323,9 @@ def test_a_draining_holder_of_a_hot_template_has_it_prewarmed_elsewhere_by_the_f
             pending = set(sent)  # prewarmed within the last minute: counted as holders
             assert holder is not None and holder not in pending and state.holders("t", urls)[0] == {holder}
             bystander = next(u for u in urls if u != holder and u not in pending)
-            fleet.remove(bystander)  # it holds no copy: nothing to prewarm
+            drain(bystander)  # it holds no copy: nothing to prewarm
             assert counts.for_drains == 0
-            fleet.remove(holder)
+            drain(holder)
             wait_until(lambda: counts.for_drains == 1 and len(sent) == counts.prewarms, [], "the drain's prewarm",
                        timeout=5.0)
             assert sent[-1] not in {holder, bystander} | pending
