@@ -16,12 +16,11 @@ from typing import Any, Sequence
 from agent_cache.backends.protocol import Usage
 from agent_cache.calls.prepare import Call
 from agent_cache.errors import ConfigError
-from agent_cache.routing.kv_share import KvShare
+from agent_cache.routing.kv_share import KvShare, SessionPrintLog
 from agent_cache.routing.kv_tokens import KvTokens
 from agent_cache.routing.prewarm import DEFAULT_THRESHOLD, Prewarmer, Prewarming
 from agent_cache.routing.router import Router
 from agent_cache.routing.types import Placement
-from agent_cache.store.redis_store import RedisStore
 from agent_cache.templates.registry import TemplateRegistry
 from agent_cache.traces import TraceWriter
 
@@ -50,7 +49,7 @@ class Served:
             raise ConfigError("prewarm", "prewarming needs the workers' KV events: Router(..., kv_events="
                                          "KvState()) fed by a KvIndexer (docs/routing.md)")
         # with a Redis store, what each session's calls teach is shared with the other router processes
-        share = KvShare(kv, router.store).start() if kv is not None and isinstance(router.store, RedisStore) else None
+        share = KvShare(kv, router.store).start() if kv is not None and isinstance(router.store, SessionPrintLog) else None
         learner = None if kv is None else KvTokens(kv, api_key=api_key, share=share)
         prewarming = Prewarming(router, prewarmer=Prewarmer(threshold=prewarm_threshold),
                                 api_key=api_key) if prewarm else None

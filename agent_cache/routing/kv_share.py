@@ -30,12 +30,11 @@ import json
 import logging
 import threading
 import uuid
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from agent_cache.background import Jobs
 from agent_cache.errors import StoreError, StoreRefusedError
 from agent_cache.routing.kv_state import KvState, SessionPrint
-from agent_cache.store.redis_store import RedisStore
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_RECORDS = 20_000  # 11.5 MB in Redis with two 8-anchor fingerprints each (MEMORY USAGE)
@@ -47,10 +46,20 @@ OLDEST = "-"
 _STORE_FAILED = (StoreError, StoreRefusedError)  # away, or refusing (ACL rules without XADD / XRANGE)
 
 
+@runtime_checkable
+class SessionPrintLog(Protocol):
+    """A store that carries the stream (``RedisStore``); checked by shape, so that routing loads no redis client
+    where none is configured."""
+
+    def append_session_print(self, record: str, max_records: int) -> None: ...
+
+    def session_prints(self, since: str, count: int) -> list[tuple[str, str]]: ...
+
+
 class KvShare:
     """Appends the sessions ``state`` learns here to the store's stream, and adopts the others' into it."""
 
-    def __init__(self, state: KvState, store: RedisStore, *, max_records: int = DEFAULT_MAX_RECORDS,
+    def __init__(self, state: KvState, store: SessionPrintLog, *, max_records: int = DEFAULT_MAX_RECORDS,
                  poll: float = DEFAULT_POLL) -> None:
         self.state = state
         self.store = store
