@@ -3,14 +3,18 @@
 Builds 200,000 single-token pages (SGLang's page size 1: one event per
 stored token) in a radix cache with events on, then times decoding the
 published payload (:func:`agent_cache.kv_events.decode_batch`) and applying
-it (:meth:`agent_cache.routing.kv_state.KvState.apply`).
+it (:meth:`agent_cache.routing.kv_state.KvState.apply`); then what the state
+keeps of them, in bytes a resident token (``tracemalloc``, the payload decoded
+again and applied while tracing, as the subscriber feeds it).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import time
+import tracemalloc
 
 from agent_cache.kv_events import KVEventBatch, decode_batch, encode_batch
 from agent_cache.routing.kv_state import KvState
@@ -31,8 +35,20 @@ def measure(tokens: int = 200_000, node: int = 2_000, seed: int = 0) -> dict[str
     t1 = time.perf_counter()
     KvState().apply("worker", 0, batch)
     t2 = time.perf_counter()
-    return {"events": float(len(events)), "decode_us_per_event": (t1 - t0) / len(events) * 1e6,
-            "index_us_per_token": (t2 - t1) / tokens * 1e6, "payload_bytes_per_event": len(payload) / len(events)}
+    n_events = len(events)
+    del batch, events, cache
+    gc.collect()
+    tracemalloc.start()
+    try:
+        state = KvState()
+        state.apply("worker", 0, decode_batch(payload))
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    return {"events": float(n_events), "decode_us_per_event": (t1 - t0) / n_events * 1e6,
+            "index_us_per_token": (t2 - t1) / tokens * 1e6, "payload_bytes_per_event": len(payload) / n_events,
+            "state_bytes_per_token": kept / max(1, state.cached_tokens("worker") or 0)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     per_s = 1e6 / (m["decode_us_per_event"] + m["index_us_per_token"])
     print(f"{int(m['events']):,} events: decode {m['decode_us_per_event']:.2f} us/event, index "
           f"{m['index_us_per_token']:.2f} us/token, {m['payload_bytes_per_event']:.0f} bytes/event; "
-          f"one thread follows about {per_s:,.0f} stored tokens/s at page size 1")
+          f"one thread follows about {per_s:,.0f} stored tokens/s at page size 1; the state keeps "
+          f"{m['state_bytes_per_token']:.1f} bytes a resident token")
     return 0
 
 

@@ -4,8 +4,9 @@ SGLang's events name pages by a hash of the page's own tokens, not of its
 prefix, and link no node to its parent; at the default page size of 1 a
 page hash names a single token. So this index does not rebuild the tree.
 It keeps each worker's resident radix nodes as *runs* (the pages of one
-``BlockStored`` chain: a node SGLang stored, with its token ids) and, over
-the runs, content-defined anchors: every ``ANCHOR_WINDOW``-token window
+``BlockStored`` chain: a node SGLang stored; of it only its length, its
+first page's hash and all its page hashes hashed together, which a removal
+matches) and, over the runs, content-defined anchors: every ``ANCHOR_WINDOW``-token window
 whose hash is 0 modulo ``ANCHOR_EVERY``. A template's fingerprint is the
 anchors of its own tokens (up to ``FINGERPRINT_ANCHORS``, spread over it);
 a worker holds the template when every one of them is resident there.
@@ -70,10 +71,12 @@ def fingerprint(tokens: Sequence[int]) -> tuple[int, ...]:
     return tuple(found[min(len(found) - 1, int((k + 1) * step) - 1)] for k in range(FINGERPRINT_ANCHORS))
 
 
-@dataclass
+@dataclass(slots=True)
 class _Run:
-    tokens: list[int]
-    pages: list[int]  # block hashes, in order
+    length: int  # tokens
+    first: int  # its first page's block hash
+    pages: int  # how many pages
+    digest: int  # its block hashes in order, hashed: a removal names them all (kept instead of the hashes)
     anchors: list[int]
 
 
@@ -388,14 +391,14 @@ class KvState:
         for e in chain:
             tokens.extend(e.token_ids)
             pages.extend(e.block_hashes)
-        run = _Run(tokens, pages, anchors(tokens))
+        run = _Run(len(tokens), pages[0], len(pages), hash(tuple(pages)), anchors(tokens))  # no token kept
         rid = w.next_id
         w.next_id += 1
         w.runs[rid] = run
-        w.by_first.setdefault(pages[0], []).append(rid)
+        w.by_first.setdefault(run.first, []).append(rid)
         for a in run.anchors:
             w.anchors[a] = w.anchors.get(a, 0) + 1
-        w.tokens += len(tokens)
+        w.tokens += run.length
         w.stored += 1
 
     def _remove(self, w: _Worker, hashes: list[int]) -> None:
@@ -404,26 +407,27 @@ class KvState:
         while i < len(hashes):
             match = None
             for rid in w.by_first.get(hashes[i], ()):
-                pages = w.runs[rid].pages
-                if hashes[i : i + len(pages)] == pages and (match is None or len(pages) > len(w.runs[match].pages)):
+                run = w.runs[rid]
+                if (match is None or run.pages > w.runs[match].pages) and i + run.pages <= len(hashes) \
+                        and hash(tuple(hashes[i : i + run.pages])) == run.digest:
                     match = rid
             if match is None:
                 i += 1  # a page of a run this index never saw (stored before it subscribed)
                 continue
             run = w.runs.pop(match)
-            ids = w.by_first[run.pages[0]]
+            ids = w.by_first[run.first]
             ids.remove(match)
             if not ids:
-                del w.by_first[run.pages[0]]
+                del w.by_first[run.first]
             for a in run.anchors:
                 n = w.anchors[a] - 1
                 if n:
                     w.anchors[a] = n
                 else:
                     del w.anchors[a]
-            w.tokens -= len(run.tokens)
+            w.tokens -= run.length
             w.removed += 1
-            i += len(run.pages)
+            i += run.pages
 
 
 def _holds(w: _Worker, fp: tuple[int, ...]) -> bool:
