@@ -5,7 +5,9 @@ stored token) in a radix cache with events on, then times decoding the
 published payload (:func:`agent_cache.kv_events.decode_batch`) and applying
 it (:meth:`agent_cache.routing.kv_state.KvState.apply`); then what the state
 keeps of them, in bytes a resident token (``tracemalloc``, the payload decoded
-again and applied while tracing, as the subscriber feeds it).
+again and applied while tracing, as the subscriber feeds it); then the size of
+the worker's snapshot another router process takes up from the store
+(:mod:`agent_cache.routing.kv_snapshots`), and how long taking it up takes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 import tracemalloc
 
 from agent_cache.kv_events import KVEventBatch, decode_batch, encode_batch
+from agent_cache.routing.kv_snapshots import decode, encode
 from agent_cache.routing.kv_state import KvState
 from agent_cache.sim.radix import RadixCache
 
@@ -46,9 +49,19 @@ def measure(tokens: int = 200_000, node: int = 2_000, seed: int = 0) -> dict[str
         kept = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
+    snap = state.snapshot("worker")
+    assert snap is not None
+    blob = encode(snap)
+    late = KvState()
+    late.apply("worker", snap.seq, KVEventBatch(snap.ts, []))  # the batch it was taken at, received late
+    t3 = time.perf_counter()
+    outcome = late.install("worker", decode(blob))
+    t4 = time.perf_counter()
+    assert outcome == "installed", outcome
     return {"events": float(n_events), "decode_us_per_event": (t1 - t0) / n_events * 1e6,
             "index_us_per_token": (t2 - t1) / tokens * 1e6, "payload_bytes_per_event": len(payload) / n_events,
-            "state_bytes_per_token": kept / max(1, state.cached_tokens("worker") or 0)}
+            "state_bytes_per_token": kept / max(1, state.cached_tokens("worker") or 0),
+            "snapshot_bytes_per_token": len(blob) / tokens, "snapshot_take_up_ms": (t4 - t3) * 1000}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{int(m['events']):,} events: decode {m['decode_us_per_event']:.2f} us/event, index "
           f"{m['index_us_per_token']:.2f} us/token, {m['payload_bytes_per_event']:.0f} bytes/event; "
           f"one thread follows about {per_s:,.0f} stored tokens/s at page size 1; the state keeps "
-          f"{m['state_bytes_per_token']:.1f} bytes a resident token")
+          f"{m['state_bytes_per_token']:.1f} bytes a resident token; its snapshot in the store "
+          f"{m['snapshot_bytes_per_token']:.2f} bytes a resident token, taken up in {m['snapshot_take_up_ms']:.1f} ms")
     return 0
 
 

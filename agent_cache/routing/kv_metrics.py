@@ -62,7 +62,10 @@ class _KvCollector(Collector):
             ("sessions_shared", "sessions' fingerprints appended to the store for the other router processes"),
             ("sessions_adopted", "sessions' fingerprints other router processes learnt, adopted here"),
             ("session_shares_dropped", "sessions' fingerprints not appended (the queue full, the store away)"),
-            ("session_share_resets", "times every session's fingerprints were forgotten: shared ones may be missed"))}
+            ("session_share_resets", "times every session's fingerprints were forgotten: shared ones may be missed"),
+            ("snapshots_written", "workers' resident runs written to the store for the other router processes"),
+            ("snapshots_installed", "workers unknown here taken up from another router process's snapshot"),
+            ("snapshots_failed", "snapshot writes or reads the store did not answer"))}
         values = dict.fromkeys(counters, 0.0)
         learnt = tails = 0
         workers: dict[str, int | None] = {}
@@ -77,6 +80,10 @@ class _KvCollector(Collector):
             values["replayed"] += indexer.replayed
             values["gaps"] += indexer.state.gaps
             values["undecodable"] += indexer.bad
+            if indexer.snapshots is not None:
+                values["snapshots_written"] += indexer.snapshots.written
+                values["snapshots_installed"] += indexer.snapshots.installed
+                values["snapshots_failed"] += indexer.snapshots.failed
             if learner is not None:
                 values["token_lookups_failed"] += learner.failed
                 values["session_lookups_dropped"] += learner.sessions_dropped

@@ -36,6 +36,7 @@ applies batches while routes read.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Iterable, NamedTuple, Sequence
 
@@ -49,6 +50,9 @@ HOLD_FRACTION = 0.75
 DEFAULT_MAX_TOKENS = 4_000_000  # per worker: 10x a 400k-token KV pool
 DEFAULT_MAX_TEMPLATES = 10_000
 DEFAULT_MAX_SESSIONS = 50_000  # about 60 MB (tracemalloc)
+# Events kept of an unknown worker's latest batches, so that a snapshot another process took of it can be
+# brought up to date (kv_snapshots.py): at page size 1 one event a stored token, seconds of a busy worker.
+DEFAULT_MAX_PENDING_EVENTS = 200_000
 
 
 def anchors(tokens: Sequence[int]) -> list[int]:
@@ -87,7 +91,10 @@ class _Worker:
     anchors: dict[int, int] = field(default_factory=dict)  # anchor hash -> resident count
     tokens: int = 0
     seq: int | None = None  # the last sequence number applied
-    known: bool = False  # an AllBlocksCleared was seen and no event was lost since
+    ts: float = 0.0  # the timestamp of that batch: with ``seq``, names it (a restarted worker numbers from 0 again)
+    known: bool = False  # an AllBlocksCleared (or a snapshot) was seen and no event was lost since
+    pending: deque[tuple[int, KVEventBatch]] = field(default_factory=deque)  # while unknown: its latest batches
+    pending_events: int = 0
     next_id: int = 0
     stored: int = 0
     removed: int = 0
@@ -101,6 +108,15 @@ class SessionPrint(NamedTuple):
     head: tuple[int, ...]  # anchors of the start of its first message after the template
     head_text: int  # that message's start, hashed (``kv_tokens.text_key``): the same in every process
     at: float = 0.0  # when the step was served (epoch seconds): a record older than the one known is not adopted
+
+
+class WorkerSnapshot(NamedTuple):
+    """A known worker's resident runs as of its batch ``seq`` (timestamp ``ts``): each run as
+    (tokens, first page hash, pages, digest of its page hashes, anchors)."""
+
+    seq: int
+    ts: float
+    runs: list[tuple[int, int, int, int, list[int]]]
 
 
 @dataclass(slots=True)
@@ -127,6 +143,7 @@ class KvState:
         self._tails: dict[tuple[int, ...], int] = {}  # fingerprint -> sessions learnt with it (a copy may be any's)
         self._namespaces: set[str | None] = set()  # the extra_keys of the calls annotated (up to two)
         self._lock = threading.Lock()
+        self.max_pending_events = DEFAULT_MAX_PENDING_EVENTS
         self.gaps = 0  # batches that arrived after a lost one
         self.overflows = 0  # workers dropped past max_tokens
         self.prefixes_gone = 0  # routes that found the session's worker evicted its latest prefix
@@ -328,11 +345,58 @@ class KvState:
             w = self._workers.get(url)
             if w is not None:
                 self._clear(w)
+                self._drop_pending(w)
                 w.known, w.seq = False, None
 
     def forget(self, url: str) -> None:
         with self._lock:
             self._workers.pop(url, None)
+
+    # --- snapshots: a worker known here, taken up by a process that is not (kv_snapshots.py) ---
+
+    def snapshot(self, url: str) -> WorkerSnapshot | None:
+        """The worker's resident runs as of the last batch applied (None: not known here)."""
+        with self._lock:
+            w = self._workers.get(url)
+            if w is None or not w.known or w.seq is None:
+                return None
+            return WorkerSnapshot(w.seq, w.ts, [(r.length, r.first, r.pages, r.digest, list(r.anchors))
+                                                for r in w.runs.values()])
+
+    def install(self, url: str, snap: WorkerSnapshot) -> str:
+        """Take up another process's snapshot of a worker unknown here, then the batches received since.
+
+        Only where this process received the very batch the snapshot was taken at (same number, same
+        timestamp: not a previous run of the worker) and every batch after it: ``installed``. Otherwise
+        nothing changes: ``known`` (nothing to do), ``ahead`` (the snapshot is newer than what was
+        received: try again), ``stale`` (older than the batches kept, or another run's: wait for a newer
+        one) or ``too_large`` (past ``max_tokens``).
+        """
+        with self._lock:
+            w = self._workers.get(url)
+            if w is not None and w.known:
+                return "known"
+            if w is None or not w.pending or snap.seq > w.pending[-1][0]:
+                return "ahead"
+            if sum(r[0] for r in snap.runs) > self.max_tokens:
+                return "too_large"
+            after = [(seq, b) for seq, b in w.pending if seq > snap.seq]
+            at = [b for seq, b in w.pending if seq == snap.seq]
+            if not at or at[0].ts != snap.ts:
+                return "stale"
+            self._clear(w)
+            for length, first, pages, digest, found in snap.runs:
+                self._add_run(w, _Run(length, first, pages, digest, list(found)))
+            w.known = True
+            for _, batch in after:
+                self._apply_events(w, batch)
+            self._drop_pending(w)
+            return "installed" if w.known else "too_large"
+
+    def pending(self) -> list[str]:
+        """The workers unknown here with batches kept for a snapshot."""
+        with self._lock:
+            return [url for url, w in self._workers.items() if not w.known and w.pending]
 
     # --- events ---------------------------------------------------------------------
 
@@ -345,8 +409,22 @@ class KvState:
                 if seq <= w.seq:  # numbering started again: the worker restarted and its first batches were lost
                     self._clear(w)
                 w.known = False  # events were lost: unknown until the worker's next AllBlocksCleared
-            w.seq = seq
+            w.seq, w.ts = seq, batch.ts
             self._apply_events(w, batch)
+            if w.known:
+                self._drop_pending(w)
+            else:  # kept for a snapshot of the worker taken elsewhere (a gap above made the older ones useless)
+                if w.pending and w.pending[-1][0] != seq - 1:
+                    self._drop_pending(w)
+                w.pending.append((seq, batch))
+                w.pending_events += len(batch.events)
+                while w.pending_events > self.max_pending_events and len(w.pending) > 1:
+                    w.pending_events -= len(w.pending.popleft()[1].events)
+
+    @staticmethod
+    def _drop_pending(w: _Worker) -> None:
+        w.pending.clear()
+        w.pending_events = 0
 
     def _apply_events(self, w: _Worker, batch: KVEventBatch) -> None:
         stored: list[BlockStored] = []
@@ -391,7 +469,11 @@ class KvState:
         for e in chain:
             tokens.extend(e.token_ids)
             pages.extend(e.block_hashes)
-        run = _Run(len(tokens), pages[0], len(pages), hash(tuple(pages)), anchors(tokens))  # no token kept
+        self._add_run(w, _Run(len(tokens), pages[0], len(pages), hash(tuple(pages)), anchors(tokens)))  # no token kept
+        w.stored += 1
+
+    @staticmethod
+    def _add_run(w: _Worker, run: _Run) -> None:
         rid = w.next_id
         w.next_id += 1
         w.runs[rid] = run
@@ -399,7 +481,6 @@ class KvState:
         for a in run.anchors:
             w.anchors[a] = w.anchors.get(a, 0) + 1
         w.tokens += run.length
-        w.stored += 1
 
     def _remove(self, w: _Worker, hashes: list[int]) -> None:
         """Consecutive removed pages: one or more whole runs, each matched by its pages."""

@@ -69,6 +69,10 @@ template_info = _tenant_key("ti", "Hash: when the template was first seen and it
 template_sessions = _tenant_key("tis", "HyperLogLog of session ids that used the template (bounded memory).")
 
 worker = _named_key("w", "Hash: state, capacity, live session count, prompt and cached token totals.")
+kv_worker = _named_key(
+    "kvw", "String: a worker's resident KV runs as one router process saw them (msgpack; routing/kv_snapshots.py)."
+)
+kv_worker_lock = _named_key("kvwl", "String: which router process writes the worker's KV snapshot this interval.")
 lease = _named_key("lease", "Hash: worker URL -> calls one router (source) has in flight there.")
 
 inflight = _deployment_key("inflight", "Hash: worker URL -> calls in flight (one read gives the whole pool's load).")

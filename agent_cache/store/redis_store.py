@@ -283,6 +283,23 @@ class RedisStore:
         found = self._call(lambda: self._client.xrange(key, since, "+", count=count))
         return [(_text(i), _text(fields.get(b"r", fields.get("r", b"")))) for i, fields in found]
 
+    # --- workers' resident KV runs, shared by the router processes (routing/kv_snapshots.py) ---
+
+    def claim_worker_snapshot(self, url: str, source: str, seconds: float) -> bool:
+        """True when ``source`` is the one process to write ``url``'s snapshot for the next ``seconds``."""
+        key = keys.kv_worker_lock(self.prefix, url)
+        return bool(self._call(lambda: self._client.set(key, source, nx=True, px=max(1, int(seconds * 1000)))))
+
+    def put_worker_snapshot(self, url: str, blob: bytes, ttl: float) -> None:
+        """Store ``url``'s snapshot, gone after ``ttl`` s unless written again."""
+        key = keys.kv_worker(self.prefix, url)
+        self._call(lambda: self._client.set(key, blob, px=max(1, int(ttl * 1000))))
+
+    def worker_snapshot(self, url: str) -> bytes | None:
+        key = keys.kv_worker(self.prefix, url)
+        found = self._call(lambda: self._client.get(key))
+        return None if found is None else bytes(found)
+
     def close(self) -> None:
         self._client.close()
 

@@ -55,3 +55,5 @@ def test_the_cost_measure_runs_on_a_tiny_input() -> None:
     assert m["events"] == 2_001 and m["decode_us_per_event"] > 0 and m["index_us_per_token"] > 0
     # anchors and a digest a run, never the tokens or their page hashes (those alone: 70+ bytes a token)
     assert 0 < m["state_bytes_per_token"] < 20
+    # the snapshot in the store: numbers a run, no page hash or token (those: 8+ bytes a token)
+    assert 0 < m["snapshot_bytes_per_token"] < 4 and m["snapshot_take_up_ms"] >= 0

@@ -26,7 +26,7 @@ if REDIS_SERVER is None:
 
 ACL_COMMANDS = (
     "+evalsha +script|load +ping +hgetall +hmget +hget +hset +hsetnx +hincrby +del +zadd +zrem +zrange +zrangebyscore +zrevrangebyscore +zcount +zremrangebyscore +zscore "
-    "+sadd +smembers +pexpire +pfadd +pfcount +multi +exec +hdel +zcard +time +xadd +xrange"
+    "+sadd +smembers +pexpire +pfadd +pfcount +multi +exec +hdel +zcard +time +xadd +xrange +set +get"
 )
 URLS = [f"http://10.0.0.{i}:30000" for i in range(1, 4)]  # never contacted: probes are off
 

@@ -1,0 +1,204 @@
+"""Workers' resident runs shared by router processes through a real Redis (routing/kv_snapshots.py): a process
+that hears a worker from the middle of its events takes up another's snapshot and then follows on its own."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from contextlib import ExitStack
+from typing import Callable, Iterator
+
+import httpx
+import pytest
+import redis
+
+from agent_cache.bench.realfleet import free_port, wait_until
+from agent_cache.kv_events import KVEventBatch
+from agent_cache.routing.kv_indexer import KvIndexer, parse_sources
+from agent_cache.routing.kv_snapshots import KvSnapshots, decode, encode
+from agent_cache.routing.kv_state import KvState, WorkerSnapshot
+from agent_cache.sim.radix import RadixCache
+from agent_cache.sim import SimWorkerThread, WorkerOptions
+from agent_cache.store.redis_store import RedisStore
+
+W0 = "http://w0"
+
+
+def _tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(100_000) for _ in range(n)]
+
+
+class Worker:
+    """One worker's radix cache (events on) publishing to the processes subscribed at the time."""
+
+    def __init__(self, capacity: int = 6_000) -> None:
+        self.cache = RadixCache(capacity, enable_kv_events=True)
+        self.subscribers: list[KvState] = []
+        self.seq = 0
+        self.sent: list[tuple[int, KVEventBatch]] = []
+
+    def insert(self, tokens: list[int]) -> None:
+        self.cache.insert(tokens)
+        batch = KVEventBatch(time.time(), self.cache.take_events())
+        self.sent.append((self.seq, batch))
+        for state in self.subscribers:
+            state.apply(W0, self.seq, batch)
+        self.seq += 1
+
+
+@pytest.fixture
+def stack() -> Iterator[ExitStack]:
+    with ExitStack() as s:
+        yield s
+
+
+def _process(stack: ExitStack, url: str, prefix: str) -> tuple[KvState, KvSnapshots]:
+    """One router process: its own state and store client; its snapshot pass driven by the test."""
+    store = RedisStore(url, prefix=prefix)
+    stack.callback(store.close)
+    state = KvState()
+    return state, KvSnapshots(state, store, [W0], interval=0.05)
+
+
+def test_a_store_refusing_set_and_get_leaves_the_late_process_unknown_and_counts_it(redis_server, stack) -> None:
+    """ACL rules without SET / GET: no snapshot goes through; the thread counts the refusals and goes on,
+    and the late process stays unknown (as without sharing) while the first follows the worker."""
+    admin = redis.Redis.from_url(redis_server.url)
+    stack.callback(admin.close)
+    admin.execute_command("ACL", "SETUSER", "nosnap", "on", ">pw", "~*", "+@all", "-set", "-get")
+    url = f"redis://nosnap:pw@127.0.0.1:{redis_server.port}/0"
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    (a, snaps_a), (b, snaps_b) = _process(stack, url, prefix), _process(stack, url, prefix)
+    worker, rng = Worker(), random.Random(4)
+    worker.subscribers.append(a)
+    worker.insert(_tokens(rng, 300))
+    worker.subscribers.append(b)
+    worker.insert(_tokens(rng, 300))
+    for snaps in (snaps_a, snaps_b):
+        snaps.start()
+        stack.callback(snaps.close)
+    wait_until(lambda: snaps_a.failed >= 2 and snaps_b.failed >= 2, [], "the refusals counted", timeout=5.0)
+    assert (snaps_a.written, snaps_b.installed) == (0, 0) and snaps_b._thread.is_alive()
+    assert a.known(W0) and not b.known(W0) and a.cached_tokens(W0) == 600
+
+
+def _soon(ready: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return ready()
+
+
+def _runs(state: KvState) -> list[tuple[int, int, int, int, list[int]]]:
+    snap = state.snapshot(W0)
+    assert snap is not None
+    return sorted(snap.runs)
+
+
+def test_a_process_that_joins_late_takes_up_a_snapshot_and_then_follows_evictions(redis_server, stack) -> None:
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    (a, snaps_a), (b, snaps_b) = _process(stack, redis_server.url, prefix), _process(stack, redis_server.url, prefix)
+    worker, rng = Worker(), random.Random(3)
+    system = _tokens(rng, 600)
+    a.learn_template("sys", system)
+    b.learn_template("sys", system)
+    worker.subscribers.append(a)
+    for _ in range(4):
+        worker.insert(system + _tokens(rng, 300))
+    worker.subscribers.append(b)  # b hears the worker from here on: no reset among its batches
+    worker.insert(_tokens(rng, 200))
+    assert a.known(W0) and not b.known(W0) and b.holders("sys", [W0]) == (frozenset(), frozenset())
+    snaps_b.step()  # nothing written yet: b stays unknown
+    assert not b.known(W0) and snaps_b.installed == 0
+
+    snaps_a.step()
+    snaps_a.step()  # unchanged since: not written again
+    assert snaps_a.written == 1
+    snaps_b.step()
+    assert snaps_b.installed == 1 and b.known(W0)
+    assert b.cached_tokens(W0) == a.cached_tokens(W0) > 0 and _runs(b) == _runs(a)
+    assert b.holders("sys", [W0]) == ({W0}, {W0})
+
+    for _ in range(12):  # past the cache's capacity: evictions b matches as a does
+        worker.insert(_tokens(rng, 900))
+    assert b.cached_tokens(W0) == a.cached_tokens(W0) <= 6_000 and _runs(b) == _runs(a)
+    assert b.holders("sys", [W0]) == a.holders("sys", [W0]) == (frozenset(), {W0})
+    snaps_b.step()  # b, known now, takes its turn as a writer when a's claim has lapsed
+    time.sleep(0.06)
+    snaps_b.step()
+    assert snaps_b.written == 1
+
+
+def test_a_snapshot_is_taken_up_only_at_a_batch_received_here_and_of_the_same_run_of_the_worker() -> None:
+    rng = random.Random(5)
+    worker, a = Worker(), KvState()
+    worker.subscribers.append(a)
+    for _ in range(3):
+        worker.insert(_tokens(rng, 300))
+    snap = a.snapshot(W0)
+    assert snap is not None and snap.seq == 2
+
+    late = KvState()
+    worker.subscribers.append(late)
+    for _ in range(2):
+        worker.insert(_tokens(rng, 300))
+    assert late.install(W0, snap) == "stale"  # taken before the batches kept here: wait for a newer one
+    newer = a.snapshot(W0)
+    assert newer is not None
+    previous_run = WorkerSnapshot(newer.seq, newer.ts - 100.0, newer.runs)
+    assert late.install(W0, previous_run) == "stale" and not late.known(W0)
+    assert late.install(W0, WorkerSnapshot(newer.seq + 1, newer.ts, newer.runs)) == "ahead"
+    assert late.install(W0, decode(encode(newer))) == "installed"
+    assert late.cached_tokens(W0) == a.cached_tokens(W0) and late.install(W0, newer) == "known"
+
+    small = KvState(max_tokens=500)
+    worker.subscribers.append(small)
+    worker.insert(_tokens(rng, 100))
+    latest = a.snapshot(W0)
+    assert latest is not None and small.install(W0, latest) == "too_large" and not small.known(W0)
+    with pytest.raises(ValueError, match="undecodable"):
+        decode(b"\x93\x01\x02")
+
+
+def test_an_indexer_started_late_without_replay_knows_the_worker_from_the_other_processes(redis_server) -> None:
+    """Real sim worker publishing over ZeroMQ; two indexers with Redis stores. The first fetches the worker's
+    start-up reset from the replay endpoint; the late one is given none, so it never sees a reset: without the
+    snapshot it would stay unknown."""
+    pub, replay = free_port(), free_port()
+    config = {"publisher": "zmq", "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
+    worker = SimWorkerThread(WorkerOptions(time_scale=0.0, kv_events_config=json.dumps(config)))
+    worker.start()
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    stores = [RedisStore(redis_server.url, prefix=prefix) for _ in range(2)]
+    with_replay = parse_sources(f"{worker.url}=tcp://127.0.0.1:{pub}|tcp://127.0.0.1:{replay}")
+    without_replay = parse_sources(f"{worker.url}=tcp://127.0.0.1:{pub}")
+    first, late = KvState(), KvState()
+    indexers = [KvIndexer(first, with_replay, store=stores[0], snapshot_interval=0.05).start()]
+    try:
+        with httpx.Client(base_url=worker.url, timeout=10) as client:
+            def call(i: int) -> None:
+                body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": f"task {i} " * 50}]}
+                client.post("/v1/chat/completions", json=body).raise_for_status()
+
+            i, deadline = 0, time.time() + 15
+            while time.time() < deadline and not _soon(lambda: first.known(worker.url), 0.2):
+                call(i := i + 1)  # a batch after the subscriber connected: the gap before it is replayed
+            assert first.known(worker.url)
+            call(i := i + 1)
+            indexers.append(KvIndexer(late, without_replay, store=stores[1], snapshot_interval=0.05).start())
+            deadline = time.time() + 15
+            while time.time() < deadline and not late.known(worker.url):
+                call(i := i + 1)  # the late subscriber's batches: the snapshot is taken up at one of them
+                time.sleep(0.05)
+            assert late.known(worker.url) and indexers[1].snapshots is not None
+            assert indexers[1].snapshots.installed == 1
+            call(i + 1)
+            assert _soon(lambda: late.cached_tokens(worker.url) == first.cached_tokens(worker.url) > 0, 5)
+    finally:
+        for indexer in indexers:
+            indexer.close()
+        for store in stores:
+            store.close()
+        worker.stop()
