@@ -167,6 +167,10 @@ def _check(args: argparse.Namespace) -> None:
         return
     if args.time_scale is not None:
         raise ConfigError("--time-scale", "applies only to --engine real")
+    if args.preset == "pressure" and args.capacity_tokens is not None:  # it would be ignored: say so
+        multiples = ", ".join(f"x{m:g}" for m in pressure.MULTIPLES)
+        raise ConfigError("--capacity-tokens", f"--preset pressure runs its own capacities ({multiples} of the "
+                                               "working set); leave it out")
     if args.gateways != 1:
         raise ConfigError("--gateways", "applies only to --engine real (smg runs as real processes)")
     if args.redis is not None:

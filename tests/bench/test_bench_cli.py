@@ -108,6 +108,7 @@ def test_trace_replay_completes_every_call(tmp_path) -> None:
     (["--placement", "balance=2"], "--placement"),
     (["--placement", "balance_factor=high"], "balance_factor"),
     (["--engine", "real", "--placement", "balance_factor=2"], "--placement"),
+    (["--preset", "pressure", "--capacity-tokens", "x1.5"], "--capacity-tokens"),
 ])
 def test_bad_input_exits_2_naming_the_flag(argv, flag, tmp_path, capsys) -> None:
     assert main_bench([*argv, "--out", str(tmp_path), "--quiet"]) == 2
