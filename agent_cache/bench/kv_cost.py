@@ -7,7 +7,8 @@ it (:meth:`agent_cache.routing.kv_state.KvState.apply`); then what the state
 keeps of them, in bytes a resident token (``tracemalloc``, the payload decoded
 again and applied while tracing, as the subscriber feeds it); then the size of
 the worker's snapshot another router process takes up from the store
-(:mod:`agent_cache.routing.kv_snapshots`), and how long taking it up takes.
+(:mod:`agent_cache.routing.kv_snapshots`), and how long taking it up takes; and
+what an unknown worker's batches kept meanwhile cost at their cap.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def measure(tokens: int = 200_000, node: int = 2_000, seed: int = 0) -> dict[str
     assert snap is not None
     blob = encode(snap)
     late = KvState()
+    late.keep_pending_s = 10.0  # as kv_snapshots.KvSnapshots sets it
     late.apply("worker", snap.seq, KVEventBatch(snap.ts, []))  # the batch it was taken at, received late
     t3 = time.perf_counter()
     outcome = late.install("worker", decode(blob))
@@ -62,6 +64,32 @@ def measure(tokens: int = 200_000, node: int = 2_000, seed: int = 0) -> dict[str
             "index_us_per_token": (t2 - t1) / tokens * 1e6, "payload_bytes_per_event": len(payload) / n_events,
             "state_bytes_per_token": kept / max(1, state.cached_tokens("worker") or 0),
             "snapshot_bytes_per_token": len(blob) / tokens, "snapshot_take_up_ms": (t4 - t3) * 1000}
+
+
+def pending_cost(batch_tokens: int = 1_000, seed: int = 0) -> dict[str, float]:
+    """What an unknown worker's batches kept for a snapshot cost at the cap (``max_pending_weight``):
+    1,000-token batches at page size 1, decoded as the subscriber decodes them, traced while kept."""
+    rng = random.Random(seed)
+    cache = RadixCache(10**8, enable_kv_events=True)
+    cache.take_events()  # the start-up reset: not heard, so the worker stays unknown
+    probe = KvState()
+    n = probe.max_pending_weight // (2 * batch_tokens) + 5  # past the cap
+    payloads = []
+    for i in range(n):
+        cache.insert([rng.randrange(100_000) for _ in range(batch_tokens)])
+        payloads.append(encode_batch(KVEventBatch(float(i), cache.take_events())))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        state = KvState()
+        state.keep_pending_s = float(n)
+        for i, payload in enumerate(payloads):
+            state.apply("worker", i + 1, decode_batch(payload))
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    return {"pending_weight": float(state.max_pending_weight), "pending_mb": kept / 1e6}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
           f"one thread follows about {per_s:,.0f} stored tokens/s at page size 1; the state keeps "
           f"{m['state_bytes_per_token']:.1f} bytes a resident token; its snapshot in the store "
           f"{m['snapshot_bytes_per_token']:.2f} bytes a resident token, taken up in {m['snapshot_take_up_ms']:.1f} ms")
+    p = pending_cost()
+    print(f"an unknown worker's batches kept for a snapshot, at the cap ({p['pending_weight']:,.0f} events and "
+          f"stored tokens): {p['pending_mb']:.0f} MB")
     return 0
 
 

@@ -9,7 +9,8 @@ worker write, in turn, a snapshot of its resident runs to the store (one
 writer per worker and interval, ``{prefix}:kvwl:<url>``; the snapshot at
 ``{prefix}:kvw:<url>``, msgpack, gone ``ttl`` s after its last write), and
 a process to which a worker is unknown keeps that worker's latest batches
-and takes up the snapshot once it received the very batch the snapshot
+(those of the last 10 s, bounded in events and tokens; only where this
+runs, ``KvState.keep_pending_s``) and takes up the snapshot once it received the very batch the snapshot
 was taken at and every one since (:meth:`KvState.install`). A snapshot of
 a previous run of the worker never matches (its batch differs in
 timestamp), one older than the batches kept waits for the next.
@@ -33,6 +34,7 @@ from agent_cache.routing.kv_state import KvState, WorkerSnapshot
 log = logging.getLogger(__name__)
 DEFAULT_INTERVAL = 2.0  # s between two snapshots of a worker, and between two reads for an unknown one
 DEFAULT_TTL = 30.0  # s a snapshot stays without a new write: nobody knows the worker any more
+PENDING_SECONDS = 10.0  # at least, of an unknown worker's latest batches kept to bring a snapshot up to date
 FORMAT = 1
 _STORE_FAILED = (StoreError, StoreRefusedError)
 
@@ -81,7 +83,12 @@ class KvSnapshots:
         self.interval = interval
         self.ttl = max(ttl, 2 * interval)
         self.source = uuid.uuid4().hex[:12]
-        self._written: dict[str, int] = {}  # worker -> the batch its last snapshot from here was taken at
+        # worker -> (seq, ts) of the batch its last snapshot from here was taken at (ts: a restarted worker
+        # numbers its batches from 0 again)
+        self._written: dict[str, tuple[int, float]] = {}
+        # an unknown worker's batches are kept (they cost memory) only where a snapshot may come, and only
+        # the last seconds of them: a busy worker's snapshot is written again every interval
+        state.keep_pending_s = max(5 * interval, PENDING_SECONDS)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kv-snapshots", daemon=True)
         self.written = 0
@@ -97,13 +104,6 @@ class KvSnapshots:
         while not self._stop.wait(self.interval):
             try:
                 self.step()
-            except _STORE_FAILED as exc:
-                self.failed += 1
-                if self.failed == 1 and isinstance(exc, StoreRefusedError):  # a rule, not a blip: say it once
-                    log.warning("kv snapshots: the store refused (%s): a router process that subscribes late "
-                                "waits for each worker's next cache reset", exc)
-                else:
-                    log.debug("kv snapshots: %s", exc)
             except Exception:  # a bug here must not stop the next tries; the events path goes on regardless
                 log.exception("kv snapshots: a pass failed")
 
@@ -111,19 +111,30 @@ class KvSnapshots:
         """One pass: write what this process knows that changed, take up what it does not know."""
         pending = set(self.state.pending())
         for url in self.workers:
-            if url in pending:
-                self._take_up(url)
-            else:
-                self._write(url)
+            try:
+                if url in pending:
+                    self._take_up(url)
+                else:
+                    self._write(url)
+            except _STORE_FAILED as exc:  # this worker's turn only: the others are still tried
+                self.failed += 1
+                if self.failed == 1 and isinstance(exc, StoreRefusedError):  # a rule, not a blip: say it once
+                    log.warning("kv snapshots: the store refused (%s): a router process that subscribes late "
+                                "waits for each worker's next cache reset", exc)
+                else:
+                    log.debug("kv snapshots: %s", exc)
 
     def _write(self, url: str) -> None:
-        snap = self.state.snapshot(url)
-        if snap is None or self._written.get(url) == snap.seq:
-            return
+        last = self.state.last_batch(url)
+        if last is None or self._written.get(url) == last:
+            return  # not known here, or unchanged since this process wrote it
         if not self.store.claim_worker_snapshot(url, self.source, self.interval * 0.9):
             return  # another process writes it this interval
+        snap = self.state.snapshot(url)
+        if snap is None:
+            return
         self.store.put_worker_snapshot(url, encode(snap), self.ttl)
-        self._written[url] = snap.seq
+        self._written[url] = (snap.seq, snap.ts)
         self.written += 1
 
     def _take_up(self, url: str) -> None:

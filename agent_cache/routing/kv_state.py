@@ -50,9 +50,11 @@ HOLD_FRACTION = 0.75
 DEFAULT_MAX_TOKENS = 4_000_000  # per worker: 10x a 400k-token KV pool
 DEFAULT_MAX_TEMPLATES = 10_000
 DEFAULT_MAX_SESSIONS = 50_000  # about 60 MB (tracemalloc)
-# Events kept of an unknown worker's latest batches, so that a snapshot another process took of it can be
-# brought up to date (kv_snapshots.py): at page size 1 one event a stored token, seconds of a busy worker.
-DEFAULT_MAX_PENDING_EVENTS = 200_000
+# What is kept of an unknown worker's latest batches, so that a snapshot another process took of it can be
+# brought up to date (kv_snapshots.py; off unless that runs): weighed in events plus stored tokens, 2 s of
+# a worker storing 100,000 tokens a second at page size 1 (decoded: 71 MB, bench/kv_cost.py), held only while
+# the worker is unknown, and only the batches of the last seconds (an older snapshot is not written any more).
+DEFAULT_MAX_PENDING_WEIGHT = 400_000
 
 
 def anchors(tokens: Sequence[int]) -> list[int]:
@@ -94,7 +96,7 @@ class _Worker:
     ts: float = 0.0  # the timestamp of that batch: with ``seq``, names it (a restarted worker numbers from 0 again)
     known: bool = False  # an AllBlocksCleared (or a snapshot) was seen and no event was lost since
     pending: deque[tuple[int, KVEventBatch]] = field(default_factory=deque)  # while unknown: its latest batches
-    pending_events: int = 0
+    pending_weight: int = 0
     next_id: int = 0
     stored: int = 0
     removed: int = 0
@@ -129,6 +131,11 @@ class _SessionPrefix:
     head_seen: bool = False  # the head was resident there at least once since it was learnt
 
 
+def _weight(batch: KVEventBatch) -> int:
+    """What keeping a batch costs: its events, and the token ids stored ones carry."""
+    return len(batch.events) + sum(len(e.token_ids) for e in batch.events if isinstance(e, BlockStored))
+
+
 class KvState:
     """Which workers hold which templates, and how many tokens each caches, from their KV events."""
 
@@ -143,7 +150,8 @@ class KvState:
         self._tails: dict[tuple[int, ...], int] = {}  # fingerprint -> sessions learnt with it (a copy may be any's)
         self._namespaces: set[str | None] = set()  # the extra_keys of the calls annotated (up to two)
         self._lock = threading.Lock()
-        self.max_pending_events = DEFAULT_MAX_PENDING_EVENTS
+        self.max_pending_weight = DEFAULT_MAX_PENDING_WEIGHT
+        self.keep_pending_s: float | None = None  # seconds of an unknown worker's batches kept (None: none)
         self.gaps = 0  # batches that arrived after a lost one
         self.overflows = 0  # workers dropped past max_tokens
         self.prefixes_gone = 0  # routes that found the session's worker evicted its latest prefix
@@ -363,6 +371,12 @@ class KvState:
             return WorkerSnapshot(w.seq, w.ts, [(r.length, r.first, r.pages, r.digest, list(r.anchors))
                                                 for r in w.runs.values()])
 
+    def last_batch(self, url: str) -> tuple[int, float] | None:
+        """(sequence number, timestamp) of the last batch applied of a worker known here; None otherwise."""
+        with self._lock:
+            w = self._workers.get(url)
+            return None if w is None or not w.known or w.seq is None else (w.seq, w.ts)
+
     def install(self, url: str, snap: WorkerSnapshot) -> str:
         """Take up another process's snapshot of a worker unknown here, then the batches received since.
 
@@ -411,20 +425,24 @@ class KvState:
                 w.known = False  # events were lost: unknown until the worker's next AllBlocksCleared
             w.seq, w.ts = seq, batch.ts
             self._apply_events(w, batch)
-            if w.known:
+            if w.known or self.keep_pending_s is None:
                 self._drop_pending(w)
             else:  # kept for a snapshot of the worker taken elsewhere (a gap above made the older ones useless)
-                if w.pending and w.pending[-1][0] != seq - 1:
-                    self._drop_pending(w)
-                w.pending.append((seq, batch))
-                w.pending_events += len(batch.events)
-                while w.pending_events > self.max_pending_events and len(w.pending) > 1:
-                    w.pending_events -= len(w.pending.popleft()[1].events)
+                self._keep_pending(w, seq, batch, self.keep_pending_s)
+
+    def _keep_pending(self, w: _Worker, seq: int, batch: KVEventBatch, seconds: float) -> None:
+        if w.pending and w.pending[-1][0] != seq - 1:
+            self._drop_pending(w)
+        w.pending.append((seq, batch))
+        w.pending_weight += _weight(batch)
+        while len(w.pending) > 1 and (w.pending_weight > self.max_pending_weight
+                                      or w.pending[0][1].ts < batch.ts - seconds):
+            w.pending_weight -= _weight(w.pending.popleft()[1])
 
     @staticmethod
     def _drop_pending(w: _Worker) -> None:
         w.pending.clear()
-        w.pending_events = 0
+        w.pending_weight = 0
 
     def _apply_events(self, w: _Worker, batch: KVEventBatch) -> None:
         stored: list[BlockStored] = []

@@ -141,6 +141,7 @@ def test_a_snapshot_is_taken_up_only_at_a_batch_received_here_and_of_the_same_ru
     assert snap is not None and snap.seq == 2
 
     late = KvState()
+    late.keep_pending_s = 10.0  # as KvSnapshots sets it
     worker.subscribers.append(late)
     for _ in range(2):
         worker.insert(_tokens(rng, 300))
@@ -154,6 +155,7 @@ def test_a_snapshot_is_taken_up_only_at_a_batch_received_here_and_of_the_same_ru
     assert late.cached_tokens(W0) == a.cached_tokens(W0) and late.install(W0, newer) == "known"
 
     small = KvState(max_tokens=500)
+    small.keep_pending_s = 10.0
     worker.subscribers.append(small)
     worker.insert(_tokens(rng, 100))
     latest = a.snapshot(W0)
@@ -202,3 +204,50 @@ def test_an_indexer_started_late_without_replay_knows_the_worker_from_the_other_
         for store in stores:
             store.close()
         worker.stop()
+
+
+def test_a_worker_restarted_at_the_same_batch_number_is_written_again_and_taken_up(redis_server, stack) -> None:
+    """The writer names a snapshot by its batch's number and timestamp: a restarted worker numbers from 0
+    again, and its run's batch N is not the previous run's."""
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    (a, snaps_a), (b, snaps_b) = _process(stack, redis_server.url, prefix), _process(stack, redis_server.url, prefix)
+    rng = random.Random(7)
+    first = Worker()
+    first.subscribers.append(a)
+    for _ in range(3):
+        first.insert(_tokens(rng, 300))
+    snaps_a.step()
+    assert snaps_a.written == 1
+    time.sleep(0.06)  # a's claim lapses
+
+    restarted = Worker()  # a new process: its first batch carries the start-up reset, numbered 0
+    restarted.subscribers.append(a)
+    restarted.insert(_tokens(rng, 300))
+    restarted.subscribers.append(b)  # b hears the new run from its batch 1 on
+    for _ in range(2):
+        restarted.insert(_tokens(rng, 300))
+    assert restarted.seq - 1 == 2 and a.known(W0) and not b.known(W0)  # batch 2 again, of another run
+    snaps_b.step()  # the previous run's snapshot: not the batch b holds
+    assert snaps_b.installed == 0 and not b.known(W0)
+    snaps_a.step()
+    assert snaps_a.written == 2
+    snaps_b.step()
+    assert snaps_b.installed == 1 and b.cached_tokens(W0) == a.cached_tokens(W0) == 900
+
+
+def test_an_unknown_workers_batches_are_kept_only_for_snapshots_and_only_the_latest() -> None:
+    rng = random.Random(8)
+    worker, plain, kept = Worker(), KvState(), KvState()
+    kept.keep_pending_s = 10.0
+    worker.insert(_tokens(rng, 300))  # the reset goes out before either listens
+    worker.subscribers += [plain, kept]
+    worker.insert(_tokens(rng, 300))
+    assert plain.pending() == [] and kept.pending() == [W0]  # without snapshots nothing is kept
+
+    kept.max_pending_weight = 1_300  # two batches: 300 one-token events each, weighing 600 with their tokens
+    for _ in range(3):
+        worker.insert(_tokens(rng, 300))
+    assert [seq for seq, _ in kept._workers[W0].pending] == [3, 4]
+    later = KVEventBatch(worker.sent[-1][1].ts + 11.0, [])  # 11 s on: the batches before are past keeping
+    kept.apply(W0, 5, later)
+    assert [seq for seq, _ in kept._workers[W0].pending] == [5]
