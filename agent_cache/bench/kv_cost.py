@@ -103,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
           f"one thread follows about {per_s:,.0f} stored tokens/s at page size 1; the state keeps "
           f"{m['state_bytes_per_token']:.1f} bytes a resident token; its snapshot in the store "
           f"{m['snapshot_bytes_per_token']:.2f} bytes a resident token, taken up in {m['snapshot_take_up_ms']:.1f} ms")
-    p = pending_cost()
-    print(f"an unknown worker's batches kept for a snapshot, at the cap ({p['pending_weight']:,.0f} events and "
-          f"stored tokens): {p['pending_mb']:.0f} MB")
+    kept = pending_cost()
+    print(f"an unknown worker's batches kept for a snapshot, at the cap ({kept['pending_weight']:,.0f} events and "
+          f"stored tokens): {kept['pending_mb']:.0f} MB")
     return 0
 
 
