@@ -232,6 +232,7 @@ class AgentCacheKv(AgentCache):
 
     name = "agent-cache-kv"
     kv_events = True
+    prewarm = True
 
     def __init__(self, workers: int, replicas: int = 1, seed: int = 0, *, capacity: int = 400_000,
                  redis_url: str | None = None, policy: Policy | None = None) -> None:
@@ -253,7 +254,7 @@ class AgentCacheKv(AgentCache):
         found = self.kv.holders(tid, self.urls) if tid else None
         wi = super().route(call, fleet)
         placement: Placement = call.handle
-        if tid and found is not None and placement.outcome.startswith("placed_"):
+        if self.prewarm and tid and found is not None and placement.outcome.startswith("placed_"):
             for url in self.prewarming.targets(tid, len(self._tokens[tid]), placement):  # the product's rule
                 self._prewarms.append((self._index[url], self._tokens[tid]))
         return wi
@@ -275,6 +276,13 @@ class AgentCacheKv(AgentCache):
     def prewarm_counts(self) -> dict[str, int]:
         c = self.prewarmer.counts
         return {"sent": c.prewarms, "hits": c.hits, "refused": c.refused, "event_gaps": self.kv.gaps}
+
+
+class AgentCacheKvNoPrewarm(AgentCacheKv):
+    """``agent-cache-kv`` without prewarming: the events' part of a difference told from the prewarms'."""
+
+    name = "agent-cache-kv-no-prewarm"
+    prewarm = False
 
 
 class AgentCacheRenamed(AgentCache):
@@ -316,8 +324,8 @@ class NoCache(Oracle):
 
 
 POLICIES: dict[str, type[RoutingPolicy]] = {p.name: p for p in (
-    RoundRobin, RandomChoice, LeastLoad, ConsistentHash, AgentCache, AgentCacheKv, AgentCacheRenamed,
-    AgentCacheNoTemplates, Oracle, NoCache)}
+    RoundRobin, RandomChoice, LeastLoad, ConsistentHash, AgentCache, AgentCacheKv, AgentCacheKvNoPrewarm,
+    AgentCacheRenamed, AgentCacheNoTemplates, Oracle, NoCache)}
 
 
 def make_policies(names: Sequence[str], workers: int, replicas: int, seed: int, *, capacity: int = 400_000,

@@ -21,6 +21,11 @@ def test_the_kv_policy_learns_every_worker_and_prewarms_a_hot_template_only_wher
     # prewarm requests are not calls: the measured calls are the sessions' own
     (plain,) = make_policies(["agent-cache"], 3, 1, 0, capacity=60_000)
     assert simulate(ss, plain, cfg).calls == res.calls
+    (events_only,) = make_policies(["agent-cache-kv-no-prewarm"], 3, 1, 0, capacity=60_000)
+    assert isinstance(events_only, AgentCacheKv)
+    events_only.prewarmer.threshold = 2.0
+    alone = simulate(ss, events_only, cfg)
+    assert alone.prewarms["sent"] == 0 and alone.calls == res.calls and all(events_only.kv.known(u) for u in pol.urls)
 
 
 def test_the_kv_policy_learns_sessions_last_messages_and_finds_evicted_prefixes_under_pressure() -> None:
