@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+from typing import Iterator
+
 import pytest
 
 
@@ -13,6 +16,13 @@ def redis_server(redis_server_factory):
     if server.proc is not None:
         server.resume()
     server.stop()
+
+
+@pytest.fixture
+def stack() -> Iterator[ExitStack]:
+    """Whatever a test opens, closed at its end in reverse order."""
+    with ExitStack() as s:
+        yield s
 
 
 class Clients:

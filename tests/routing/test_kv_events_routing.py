@@ -22,12 +22,9 @@ from agent_cache.sim import SimWorkerThread, WorkerOptions
 from agent_cache.sim.radix import RadixCache
 from agent_cache.store.base import WorkerSpec
 from agent_cache.store.memory import MemoryStore
+from tests.routing.kv_publisher import random_tokens
 
 W0, W1, W2 = "http://w0", "http://w1", "http://w2"
-
-
-def _tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(100_000) for _ in range(n)]
 
 
 def _feed(state: KvState, url: str, cache: RadixCache, seq: int) -> int:
@@ -38,7 +35,7 @@ def _feed(state: KvState, url: str, cache: RadixCache, seq: int) -> int:
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_holders_follow_the_radix_tree_through_splits_and_evictions(page_size: int) -> None:
     rng = random.Random(page_size)
-    templates = {f"t{i}": _tokens(rng, 600) for i in range(6)}
+    templates = {f"t{i}": random_tokens(rng, 600) for i in range(6)}
     state = KvState()
     for tid, toks in templates.items():
         state.learn_template(tid, toks)
@@ -47,7 +44,7 @@ def test_holders_follow_the_radix_tree_through_splits_and_evictions(page_size: i
     checked = 0
     for step in range(150):
         tid = rng.choice(list(templates)[: 2 + step // 30])
-        cache.insert(templates[tid] + _tokens(rng, rng.randrange(50, 900)))
+        cache.insert(templates[tid] + random_tokens(rng, rng.randrange(50, 900)))
         seq = _feed(state, W0, cache, seq)
         for t, toks in templates.items():
             truth = cache.match_prefix(toks).length >= len(toks) // page_size * page_size * 0.9
@@ -64,16 +61,16 @@ def test_holders_follow_the_radix_tree_through_splits_and_evictions(page_size: i
 
 def test_a_lost_batch_makes_the_worker_unknown_until_it_restarts() -> None:
     rng = random.Random(1)
-    toks = _tokens(rng, 400)
+    toks = random_tokens(rng, 400)
     state = KvState()
     state.learn_template("t", toks)
     cache = RadixCache(10_000, enable_kv_events=True)
     cache.insert(toks)
     _feed(state, W0, cache, 0)
     assert state.holders("t", [W0]) == ({W0}, {W0})
-    cache.insert(_tokens(rng, 100))
+    cache.insert(random_tokens(rng, 100))
     cache.take_events()  # batch 1 is lost
-    cache.insert(_tokens(rng, 100))
+    cache.insert(random_tokens(rng, 100))
     _feed(state, W0, cache, 2)
     assert state.holders("t", [W0]) == (set(), set()) and state.gaps == 1
     restarted = RadixCache(10_000, enable_kv_events=True)  # a restart: sequence 0, AllBlocksCleared first
@@ -93,7 +90,7 @@ def _route_new(router: Router, tid: str, tenant: str = "default") -> str:
 @pytest.mark.parametrize("backend", ["memory", "redis"])
 def test_exact_holders_replace_the_placed_once_marks(backend: str, request: pytest.FixtureRequest) -> None:
     rng = random.Random(2)
-    toks = _tokens(rng, 400)
+    toks = random_tokens(rng, 400)
     state = KvState()
     state.learn_template("t", toks)
     caches = {u: RadixCache(10_000, enable_kv_events=True) for u in (W0, W1, W2)}
@@ -118,7 +115,7 @@ def test_with_two_cache_namespaces_in_play_events_give_only_absence() -> None:
     extra_key: once a router has routed two namespaces, a worker holding a template's tokens may hold another
     namespace's copy, no hit; a worker holding none holds nobody's. With one namespace, a copy is its own."""
     rng = random.Random(3)
-    toks = _tokens(rng, 400)
+    toks = random_tokens(rng, 400)
 
     def fleet() -> tuple[KvState, dict[str, RadixCache], dict[str, int]]:
         state = KvState()
@@ -199,7 +196,7 @@ def test_a_session_prefix_is_held_then_gone_as_the_worker_evicts_it() -> None:
     (part of it is left: staying is cheaper); its first message's start evicted as well -> "gone"; a
     fingerprint never seen resident since it was learnt (its events not in yet) is never "gone"."""
     rng = random.Random(4)
-    history, tail = _tokens(rng, 1_500), _tokens(rng, 300)
+    history, tail = random_tokens(rng, 1_500), random_tokens(rng, 300)
     head = history[:300]
     state = KvState()
     cache = RadixCache(4_000, enable_kv_events=True)
@@ -210,11 +207,11 @@ def test_a_session_prefix_is_held_then_gone_as_the_worker_evicts_it() -> None:
     seq = _feed(state, W0, cache, seq)
     assert state.session_prefix("default", "s1", W0) == "held"
     assert state.session_prefix("default", "s1", W1) == ""  # learnt on W0 only
-    cache.insert(history + _tokens(rng, 2_300))  # another branch off its history: LRU evicts s1's leaf only
+    cache.insert(history + random_tokens(rng, 2_300))  # another branch off its history: LRU evicts s1's leaf only
     seq = _feed(state, W0, cache, seq)
     assert cache.match_prefix(history + tail).length == len(history)
     assert state.session_prefix("default", "s1", W0) == ""  # its history is left: not gone
-    cache.insert(_tokens(rng, 4_000))  # other sessions' calls: all of it goes
+    cache.insert(random_tokens(rng, 4_000))  # other sessions' calls: all of it goes
     seq = _feed(state, W0, cache, seq)
     assert cache.match_prefix(history).length == 0
     assert state.session_prefix("default", "s1", W0) == "gone"
@@ -242,7 +239,7 @@ def test_an_evicted_session_moves_before_its_next_step_and_a_resident_one_stays(
     tokens would move it only after a step that missed; a drop reported while the events show the prefix
     resident again (that step prefilled it) moves nothing. Without events: today's rule."""
     rng = random.Random(5)
-    history, tail = _tokens(rng, 1_500), _tokens(rng, 300)
+    history, tail = random_tokens(rng, 1_500), random_tokens(rng, 300)
     urls = [W0, W1, W2]
     first = rendezvous_pick(session_key("s1"), urls)  # where an idle fleet places s1 (ties: the hash)
     assert first is not None
@@ -271,7 +268,7 @@ def test_an_evicted_session_moves_before_its_next_step_and_a_resident_one_stays(
             seqs[first] = _feed(state, first, caches[first], seqs[first])
             state.learn_session("default", session_key("s1"), tail, first, head_ids=history[:300])
             step(9_200, 8_900)  # pinned: intact, by both the events and the report
-            caches[first].insert(_tokens(rng, 3_000))  # evicted, before s1's next step
+            caches[first].insert(random_tokens(rng, 3_000))  # evicted, before s1's next step
             seqs[first] = _feed(state, first, caches[first], seqs[first])
             p = step(9_400, 100)
             if events:
@@ -295,7 +292,7 @@ def test_a_draining_holder_of_a_hot_template_has_it_prewarmed_elsewhere(drain_by
 
     urls = [W0, W1, W2, "http://w3"]
     rng = random.Random(6)
-    toks = _tokens(rng, 400)
+    toks = random_tokens(rng, 400)
     state = KvState()
     state.learn_template("t", toks)
     caches = {u: RadixCache(100_000, enable_kv_events=True) for u in urls}

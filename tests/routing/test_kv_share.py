@@ -7,46 +7,15 @@ import random
 import time
 import uuid
 from contextlib import ExitStack
-from typing import Iterator
 
-import pytest
 import redis
 
 from agent_cache.bench.realfleet import wait_until
-from agent_cache.kv_events import KVEventBatch
 from agent_cache.routing.kv_share import KvShare
 from agent_cache.routing.kv_state import KvState
-from agent_cache.sim.radix import RadixCache
 from agent_cache.store import keys
 from agent_cache.store.redis_store import RedisStore
-
-W0 = "http://w0"
-
-
-def _tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(100_000) for _ in range(n)]
-
-
-class Fleet:
-    """One worker's radix cache whose events every process's state applies (each subscribes to them)."""
-
-    def __init__(self, *states: KvState) -> None:
-        self.cache = RadixCache(20_000, enable_kv_events=True)
-        self.states = list(states)
-        self.seq = 0
-
-    def insert(self, tokens: list[int]) -> None:
-        self.cache.insert(tokens)
-        batch = KVEventBatch(time.time(), self.cache.take_events())
-        for state in self.states:
-            state.apply(W0, self.seq, batch)
-        self.seq += 1
-
-
-@pytest.fixture
-def stack() -> Iterator[ExitStack]:
-    with ExitStack() as s:
-        yield s
+from tests.routing.kv_publisher import W0, PublishingCache, random_tokens
 
 
 def _process(stack: ExitStack, url: str, prefix: str, **kw) -> tuple[KvState, KvShare]:
@@ -62,10 +31,10 @@ def _process(stack: ExitStack, url: str, prefix: str, **kw) -> tuple[KvState, Kv
 def test_a_session_learnt_in_one_process_is_known_in_another_and_seen_evicted_there(redis_server, stack) -> None:
     prefix = f"t-{uuid.uuid4().hex[:8]}"
     (a, share_a), (b, share_b) = _process(stack, redis_server.url, prefix), _process(stack, redis_server.url, prefix)
-    fleet = Fleet(a, b)
+    fleet = PublishingCache(20_000, a, b)
     rng = random.Random(1)
-    head, tail = _tokens(rng, 400), _tokens(rng, 400)
-    fleet.insert(head + _tokens(rng, 500) + tail)
+    head, tail = random_tokens(rng, 400), random_tokens(rng, 400)
+    fleet.insert(head + random_tokens(rng, 500) + tail)
     at = time.time()
     a.learn_session("default", "s1", tail, W0, head_ids=head, head_text=7, at=at)
     share_a.publish("default", "s1", at)
@@ -74,7 +43,7 @@ def test_a_session_learnt_in_one_process_is_known_in_another_and_seen_evicted_th
     assert b.session_print("default", "s1").tail  # an anchored fingerprint, not an empty one
     assert b.session_prefix("default", "s1", W0) == "held"
     assert (share_a.shared, share_b.adopted, share_a.adopted) == (1, 1, 0)  # its own record is not adopted again
-    fleet.insert(_tokens(rng, 19_500))  # everything of s1 evicted
+    fleet.insert(random_tokens(rng, 19_500))  # everything of s1 evicted
     assert b.session_prefix("default", "s1", W0) == "gone"
     # a later step forgotten in A (its ask failed) is forgotten in B too
     a.forget_session("default", "s1", at=at + 1)
@@ -86,7 +55,7 @@ def test_an_older_step_never_replaces_a_later_one_learnt_elsewhere(redis_server,
     prefix = f"t-{uuid.uuid4().hex[:8]}"
     (a, share_a), (b, _) = _process(stack, redis_server.url, prefix), _process(stack, redis_server.url, prefix)
     rng = random.Random(2)
-    old_tail, new_tail = _tokens(rng, 400), _tokens(rng, 400)
+    old_tail, new_tail = random_tokens(rng, 400), random_tokens(rng, 400)
     b.learn_session("default", "s1", new_tail, W0, at=200.0)  # step 2, served and learnt by B
     a.learn_session("default", "s1", old_tail, W0, at=100.0)  # step 1, learnt late by A
     share_a.publish("default", "s1", 100.0)
@@ -104,7 +73,7 @@ def test_a_restarted_process_reads_what_the_stream_holds(redis_server, stack) ->
     a, share_a = _process(stack, redis_server.url, prefix)
     rng = random.Random(3)
     for i in range(5):
-        a.learn_session("acme", f"s{i}", _tokens(rng, 400), W0, at=float(i))
+        a.learn_session("acme", f"s{i}", random_tokens(rng, 400), W0, at=float(i))
         share_a.publish("acme", f"s{i}", float(i))
     wait_until(lambda: share_a.shared == 5, [], "five records appended", timeout=5.0)
     c, _ = _process(stack, redis_server.url, prefix)  # started after: reads them from the stream
@@ -121,9 +90,9 @@ def test_records_lost_with_the_store_make_every_session_forgotten_then_read_agai
     prefix = f"t-{uuid.uuid4().hex[:8]}"
     (a, share_a), (b, share_b) = _process(stack, redis_server.url, prefix), _process(stack, redis_server.url, prefix)
     rng = random.Random(4)
-    a.learn_session("default", "s1", _tokens(rng, 400), W0, at=1.0)
+    a.learn_session("default", "s1", random_tokens(rng, 400), W0, at=1.0)
     share_a.publish("default", "s1", 1.0)
-    b.learn_session("default", "mine", _tokens(rng, 400), W0, at=1.0)  # learnt in B, not shared
+    b.learn_session("default", "mine", random_tokens(rng, 400), W0, at=1.0)  # learnt in B, not shared
     wait_until(lambda: b.sessions == 2, [], "s1 adopted", timeout=5.0)
     redis_server.stop()
     time.sleep(0.3)
@@ -131,7 +100,7 @@ def test_records_lost_with_the_store_make_every_session_forgotten_then_read_agai
     wait_until(lambda: share_b.resets >= 1, [], "a reset once the store answers again", timeout=10.0)
     assert b.session_print("default", "mine") is None
     assert b.session_print("default", "s1") is None
-    a.learn_session("default", "s2", _tokens(rng, 400), W0, at=2.0)
+    a.learn_session("default", "s2", random_tokens(rng, 400), W0, at=2.0)
     share_a.publish("default", "s2", 2.0)
     wait_until(lambda: b.session_print("default", "s2") is not None, [], "s2 adopted after the reset", timeout=10.0)
 
@@ -140,7 +109,7 @@ def test_the_stream_keeps_about_its_cap_of_records(redis_server, stack) -> None:
     prefix = f"t-{uuid.uuid4().hex[:8]}"
     a, share_a = _process(stack, redis_server.url, prefix, max_records=100)
     rng = random.Random(5)
-    tail = _tokens(rng, 400)
+    tail = random_tokens(rng, 400)
     for i in range(1_000):
         a.learn_session("default", f"s{i}", tail, W0, at=float(i))
         share_a.publish("default", f"s{i}", float(i))
@@ -164,7 +133,7 @@ def test_a_store_refusing_the_stream_commands_leaves_each_process_with_its_own_s
     prefix = f"t-{uuid.uuid4().hex[:8]}"
     (a, share_a), (b, share_b) = _process(stack, url, prefix), _process(stack, url, prefix)
     rng = random.Random(6)
-    a.learn_session("default", "s1", _tokens(rng, 400), W0, at=1.0)
+    a.learn_session("default", "s1", random_tokens(rng, 400), W0, at=1.0)
     share_a.publish("default", "s1", 1.0)
     wait_until(lambda: share_a.dropped == 1, [], "the refused append counted", timeout=5.0)
     time.sleep(0.2)

@@ -8,7 +8,7 @@ import random
 import time
 import uuid
 from contextlib import ExitStack
-from typing import Callable, Iterator
+from typing import Callable
 
 import httpx
 import pytest
@@ -19,39 +19,9 @@ from agent_cache.kv_events import KVEventBatch
 from agent_cache.routing.kv_indexer import KvIndexer, parse_sources
 from agent_cache.routing.kv_snapshots import KvSnapshots, decode, encode
 from agent_cache.routing.kv_state import KvState, WorkerSnapshot
-from agent_cache.sim.radix import RadixCache
 from agent_cache.sim import SimWorkerThread, WorkerOptions
 from agent_cache.store.redis_store import RedisStore
-
-W0 = "http://w0"
-
-
-def _tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(100_000) for _ in range(n)]
-
-
-class Worker:
-    """One worker's radix cache (events on) publishing to the processes subscribed at the time."""
-
-    def __init__(self, capacity: int = 6_000) -> None:
-        self.cache = RadixCache(capacity, enable_kv_events=True)
-        self.subscribers: list[KvState] = []
-        self.seq = 0
-        self.sent: list[tuple[int, KVEventBatch]] = []
-
-    def insert(self, tokens: list[int]) -> None:
-        self.cache.insert(tokens)
-        batch = KVEventBatch(time.time(), self.cache.take_events())
-        self.sent.append((self.seq, batch))
-        for state in self.subscribers:
-            state.apply(W0, self.seq, batch)
-        self.seq += 1
-
-
-@pytest.fixture
-def stack() -> Iterator[ExitStack]:
-    with ExitStack() as s:
-        yield s
+from tests.routing.kv_publisher import W0, PublishingCache, random_tokens
 
 
 def _process(stack: ExitStack, url: str, prefix: str) -> tuple[KvState, KvSnapshots]:
@@ -71,11 +41,11 @@ def test_a_store_refusing_set_and_get_leaves_the_late_process_unknown_and_counts
     url = f"redis://nosnap:pw@127.0.0.1:{redis_server.port}/0"
     prefix = f"t-{uuid.uuid4().hex[:8]}"
     (a, snaps_a), (b, snaps_b) = _process(stack, url, prefix), _process(stack, url, prefix)
-    worker, rng = Worker(), random.Random(4)
+    worker, rng = PublishingCache(6_000), random.Random(4)
     worker.subscribers.append(a)
-    worker.insert(_tokens(rng, 300))
+    worker.insert(random_tokens(rng, 300))
     worker.subscribers.append(b)
-    worker.insert(_tokens(rng, 300))
+    worker.insert(random_tokens(rng, 300))
     for snaps in (snaps_a, snaps_b):
         snaps.start()
         stack.callback(snaps.close)
@@ -100,15 +70,15 @@ def _runs(state: KvState) -> list[tuple[int, int, int, int, list[int]]]:
 def test_a_process_that_joins_late_takes_up_a_snapshot_and_then_follows_evictions(redis_server, stack) -> None:
     prefix = f"t-{uuid.uuid4().hex[:8]}"
     (a, snaps_a), (b, snaps_b) = _process(stack, redis_server.url, prefix), _process(stack, redis_server.url, prefix)
-    worker, rng = Worker(), random.Random(3)
-    system = _tokens(rng, 600)
+    worker, rng = PublishingCache(6_000), random.Random(3)
+    system = random_tokens(rng, 600)
     a.learn_template("sys", system)
     b.learn_template("sys", system)
     worker.subscribers.append(a)
     for _ in range(4):
-        worker.insert(system + _tokens(rng, 300))
+        worker.insert(system + random_tokens(rng, 300))
     worker.subscribers.append(b)  # b hears the worker from here on: no reset among its batches
-    worker.insert(_tokens(rng, 200))
+    worker.insert(random_tokens(rng, 200))
     assert a.known(W0) and not b.known(W0) and b.holders("sys", [W0]) == (frozenset(), frozenset())
     snaps_b.step()  # nothing written yet: b stays unknown
     assert not b.known(W0) and snaps_b.installed == 0
@@ -122,7 +92,7 @@ def test_a_process_that_joins_late_takes_up_a_snapshot_and_then_follows_eviction
     assert b.holders("sys", [W0]) == ({W0}, {W0})
 
     for _ in range(12):  # past the cache's capacity: evictions b matches as a does
-        worker.insert(_tokens(rng, 900))
+        worker.insert(random_tokens(rng, 900))
     assert b.cached_tokens(W0) == a.cached_tokens(W0) <= 6_000 and _runs(b) == _runs(a)
     assert b.holders("sys", [W0]) == a.holders("sys", [W0]) == (frozenset(), {W0})
     snaps_b.step()  # b, known now, takes its turn as a writer when a's claim has lapsed
@@ -133,10 +103,10 @@ def test_a_process_that_joins_late_takes_up_a_snapshot_and_then_follows_eviction
 
 def test_a_snapshot_is_taken_up_only_at_a_batch_received_here_and_of_the_same_run_of_the_worker() -> None:
     rng = random.Random(5)
-    worker, a = Worker(), KvState()
+    worker, a = PublishingCache(6_000), KvState()
     worker.subscribers.append(a)
     for _ in range(3):
-        worker.insert(_tokens(rng, 300))
+        worker.insert(random_tokens(rng, 300))
     snap = a.snapshot(W0)
     assert snap is not None and snap.seq == 2
 
@@ -144,7 +114,7 @@ def test_a_snapshot_is_taken_up_only_at_a_batch_received_here_and_of_the_same_ru
     late.keep_pending_s = 10.0  # as KvSnapshots sets it
     worker.subscribers.append(late)
     for _ in range(2):
-        worker.insert(_tokens(rng, 300))
+        worker.insert(random_tokens(rng, 300))
     assert late.install(W0, snap) == "stale"  # taken before the batches kept here: wait for a newer one
     newer = a.snapshot(W0)
     assert newer is not None
@@ -157,7 +127,7 @@ def test_a_snapshot_is_taken_up_only_at_a_batch_received_here_and_of_the_same_ru
     small = KvState(max_tokens=500)
     small.keep_pending_s = 10.0
     worker.subscribers.append(small)
-    worker.insert(_tokens(rng, 100))
+    worker.insert(random_tokens(rng, 100))
     latest = a.snapshot(W0)
     assert latest is not None and small.install(W0, latest) == "too_large" and not small.known(W0)
     with pytest.raises(ValueError, match="undecodable"):
@@ -212,20 +182,20 @@ def test_a_worker_restarted_at_the_same_batch_number_is_written_again_and_taken_
     prefix = f"t-{uuid.uuid4().hex[:8]}"
     (a, snaps_a), (b, snaps_b) = _process(stack, redis_server.url, prefix), _process(stack, redis_server.url, prefix)
     rng = random.Random(7)
-    first = Worker()
+    first = PublishingCache(6_000)
     first.subscribers.append(a)
     for _ in range(3):
-        first.insert(_tokens(rng, 300))
+        first.insert(random_tokens(rng, 300))
     snaps_a.step()
     assert snaps_a.written == 1
     time.sleep(0.06)  # a's claim lapses
 
-    restarted = Worker()  # a new process: its first batch carries the start-up reset, numbered 0
+    restarted = PublishingCache(6_000)  # a new process: its first batch carries the start-up reset, numbered 0
     restarted.subscribers.append(a)
-    restarted.insert(_tokens(rng, 300))
+    restarted.insert(random_tokens(rng, 300))
     restarted.subscribers.append(b)  # b hears the new run from its batch 1 on
     for _ in range(2):
-        restarted.insert(_tokens(rng, 300))
+        restarted.insert(random_tokens(rng, 300))
     assert restarted.seq - 1 == 2 and a.known(W0) and not b.known(W0)  # batch 2 again, of another run
     snaps_b.step()  # the previous run's snapshot: not the batch b holds
     assert snaps_b.installed == 0 and not b.known(W0)
@@ -237,16 +207,16 @@ def test_a_worker_restarted_at_the_same_batch_number_is_written_again_and_taken_
 
 def test_an_unknown_workers_batches_are_kept_only_for_snapshots_and_only_the_latest() -> None:
     rng = random.Random(8)
-    worker, plain, kept = Worker(), KvState(), KvState()
+    worker, plain, kept = PublishingCache(6_000), KvState(), KvState()
     kept.keep_pending_s = 10.0
-    worker.insert(_tokens(rng, 300))  # the reset goes out before either listens
+    worker.insert(random_tokens(rng, 300))  # the reset goes out before either listens
     worker.subscribers += [plain, kept]
-    worker.insert(_tokens(rng, 300))
+    worker.insert(random_tokens(rng, 300))
     assert plain.pending() == [] and kept.pending() == [W0]  # without snapshots nothing is kept
 
     kept.max_pending_weight = 1_300  # two batches: 300 one-token events each, weighing 600 with their tokens
     for _ in range(3):
-        worker.insert(_tokens(rng, 300))
+        worker.insert(random_tokens(rng, 300))
     assert [seq for seq, _ in kept._workers[W0].pending] == [3, 4]
     later = KVEventBatch(worker.sent[-1][1].ts + 11.0, [])  # 11 s on: the batches before are past keeping
     kept.apply(W0, 5, later)
