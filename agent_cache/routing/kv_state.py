@@ -6,9 +6,9 @@ page hash names a single token. So this index does not rebuild the tree.
 It keeps each worker's resident radix nodes as *runs* (the pages of one
 ``BlockStored`` chain: a node SGLang stored; of it only its length, its
 first page's hash and all its page hashes hashed together, which a removal
-matches) and, over the runs, content-defined anchors: every ``ANCHOR_WINDOW``-token window
-whose hash is 0 modulo ``ANCHOR_EVERY``. A template's fingerprint is the
-anchors of its own tokens (up to ``FINGERPRINT_ANCHORS``, spread over it);
+matches) and, over the runs, content-defined anchors (``kv_anchors.py``).
+A template's fingerprint is the anchors of its own tokens (a few, spread
+over it);
 a worker holds the template when every one of them is resident there.
 Anchors depend on the tokens alone, so a template is found whatever the
 depth or the node boundaries it sits at (a window cut by a split is lost
@@ -28,53 +28,28 @@ Bounded: a worker's runs are capped (``max_tokens``); past the cap the
 worker's state is dropped and it counts as unknown until its next
 ``AllBlocksCleared``. A gap in a worker's sequence numbers (lost events,
 a subscriber behind its publisher's high-water mark) makes it unknown too,
-until a replay fills the gap or the worker restarts. An unknown worker
-falls back to the router's own marks. Thread-safe: a subscriber thread
+until a replay fills the gap, the worker restarts, or another router
+process's snapshot of it is taken up (:meth:`KvState.install`, with the
+batches kept meanwhile: ``kv_pending.py``). An unknown worker falls back to
+the router's own marks. Thread-safe: a subscriber thread
 applies batches while routes read.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Iterable, NamedTuple, Sequence
 
 from agent_cache.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from agent_cache.routing.kv_anchors import anchors, fingerprint
+from agent_cache.routing.kv_pending import DEFAULT_MAX_PENDING_WEIGHT, PendingBatches
 from agent_cache.store.base import WorkerSpec
 
-ANCHOR_WINDOW = 16
-ANCHOR_EVERY = 32
-FINGERPRINT_ANCHORS = 8
 HOLD_FRACTION = 0.75
 DEFAULT_MAX_TOKENS = 4_000_000  # per worker: 10x a 400k-token KV pool
 DEFAULT_MAX_TEMPLATES = 10_000
 DEFAULT_MAX_SESSIONS = 50_000  # about 60 MB (tracemalloc)
-# What is kept of an unknown worker's latest batches, so that a snapshot another process took of it can be
-# brought up to date (kv_snapshots.py; off unless that runs): weighed in events plus stored tokens, 2 s of
-# a worker storing 100,000 tokens a second at page size 1 (decoded: 71 MB, bench/kv_cost.py), held only while
-# the worker is unknown, and only the batches of the last seconds (an older snapshot is not written any more).
-DEFAULT_MAX_PENDING_WEIGHT = 400_000
-
-
-def anchors(tokens: Sequence[int]) -> list[int]:
-    """The content-defined anchor hashes of ``tokens``, in order."""
-    out = []
-    w = ANCHOR_WINDOW
-    for i in range(len(tokens) - w + 1):
-        h = hash(tuple(tokens[i : i + w]))
-        if h % ANCHOR_EVERY == 0:
-            out.append(h)
-    return out
-
-
-def fingerprint(tokens: Sequence[int]) -> tuple[int, ...]:
-    """Up to ``FINGERPRINT_ANCHORS`` of the anchors of ``tokens``, spread evenly, the last one included."""
-    found = list(dict.fromkeys(anchors(tokens)))
-    if len(found) <= FINGERPRINT_ANCHORS:
-        return tuple(found)
-    step = len(found) / FINGERPRINT_ANCHORS
-    return tuple(found[min(len(found) - 1, int((k + 1) * step) - 1)] for k in range(FINGERPRINT_ANCHORS))
 
 
 @dataclass(slots=True)
@@ -95,8 +70,7 @@ class _Worker:
     seq: int | None = None  # the last sequence number applied
     ts: float = 0.0  # the timestamp of that batch: with ``seq``, names it (a restarted worker numbers from 0 again)
     known: bool = False  # an AllBlocksCleared (or a snapshot) was seen and no event was lost since
-    pending: deque[tuple[int, KVEventBatch]] = field(default_factory=deque)  # while unknown: its latest batches
-    pending_weight: int = 0
+    pending: PendingBatches = field(default_factory=PendingBatches)  # while unknown: its latest batches
     next_id: int = 0
     stored: int = 0
     removed: int = 0
@@ -131,11 +105,6 @@ class _SessionPrefix:
     head_seen: bool = False  # the head was resident there at least once since it was learnt
 
 
-def _weight(batch: KVEventBatch) -> int:
-    """What keeping a batch costs: its events, and the token ids stored ones carry."""
-    return len(batch.events) + sum(len(e.token_ids) for e in batch.events if isinstance(e, BlockStored))
-
-
 class KvState:
     """Which workers hold which templates, and how many tokens each caches, from their KV events."""
 
@@ -150,6 +119,8 @@ class KvState:
         self._tails: dict[tuple[int, ...], int] = {}  # fingerprint -> sessions learnt with it (a copy may be any's)
         self._namespaces: set[str | None] = set()  # the extra_keys of the calls annotated (up to two)
         self._lock = threading.Lock()
+        # what is kept of an unknown worker's latest batches for a snapshot (kv_pending.py): off unless
+        # kv_snapshots.py runs
         self.max_pending_weight = DEFAULT_MAX_PENDING_WEIGHT
         self.keep_pending_s: float | None = None  # seconds of an unknown worker's batches kept (None: none)
         self.gaps = 0  # batches that arrived after a lost one
@@ -353,7 +324,7 @@ class KvState:
             w = self._workers.get(url)
             if w is not None:
                 self._clear(w)
-                self._drop_pending(w)
+                w.pending.clear()
                 w.known, w.seq = False, None
 
     def forget(self, url: str) -> None:
@@ -390,21 +361,21 @@ class KvState:
             w = self._workers.get(url)
             if w is not None and w.known:
                 return "known"
-            if w is None or not w.pending or snap.seq > w.pending[-1][0]:
+            last = None if w is None else w.pending.last_seq
+            if w is None or last is None or snap.seq > last:
                 return "ahead"
             if sum(r[0] for r in snap.runs) > self.max_tokens:
                 return "too_large"
-            after = [(seq, b) for seq, b in w.pending if seq > snap.seq]
-            at = [b for seq, b in w.pending if seq == snap.seq]
-            if not at or at[0].ts != snap.ts:
+            after = w.pending.since(snap.seq, snap.ts)
+            if after is None:
                 return "stale"
             self._clear(w)
             for length, first, pages, digest, found in snap.runs:
                 self._add_run(w, _Run(length, first, pages, digest, list(found)))
             w.known = True
-            for _, batch in after:
+            for batch in after:
                 self._apply_events(w, batch)
-            self._drop_pending(w)
+            w.pending.clear()
             return "installed" if w.known else "too_large"
 
     def pending(self) -> list[str]:
@@ -426,23 +397,9 @@ class KvState:
             w.seq, w.ts = seq, batch.ts
             self._apply_events(w, batch)
             if w.known or self.keep_pending_s is None:
-                self._drop_pending(w)
-            else:  # kept for a snapshot of the worker taken elsewhere (a gap above made the older ones useless)
-                self._keep_pending(w, seq, batch, self.keep_pending_s)
-
-    def _keep_pending(self, w: _Worker, seq: int, batch: KVEventBatch, seconds: float) -> None:
-        if w.pending and w.pending[-1][0] != seq - 1:
-            self._drop_pending(w)
-        w.pending.append((seq, batch))
-        w.pending_weight += _weight(batch)
-        while len(w.pending) > 1 and (w.pending_weight > self.max_pending_weight
-                                      or w.pending[0][1].ts < batch.ts - seconds):
-            w.pending_weight -= _weight(w.pending.popleft()[1])
-
-    @staticmethod
-    def _drop_pending(w: _Worker) -> None:
-        w.pending.clear()
-        w.pending_weight = 0
+                w.pending.clear()
+            else:  # kept for a snapshot of the worker taken elsewhere
+                w.pending.keep(seq, batch, seconds=self.keep_pending_s, max_weight=self.max_pending_weight)
 
     def _apply_events(self, w: _Worker, batch: KVEventBatch) -> None:
         stored: list[BlockStored] = []
