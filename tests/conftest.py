@@ -86,7 +86,6 @@ def redis_server_binary() -> str | None:
 
 
 NO_REDIS = "no redis-server binary (install one, e.g. apt-get install redis-server)"
-_skipped_for_redis: list[str] = []
 
 
 class RedisServer:
@@ -197,17 +196,27 @@ def redis_url(_shared_redis: RedisServer) -> str:
     return _shared_redis.url
 
 
+_SUMMARISED_SKIPS = ("no redis-server binary", "is not set up (agent-cache sglang-cpu setup")
+_skipped: dict[str, str] = {}  # test or module -> the reason it was skipped, for the reasons summarised
+
+
+def _note_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    longrepr = report.longrepr  # a skip's is (path, line, "Skipped: reason")
+    reason = str(longrepr[2] if isinstance(longrepr, tuple) else longrepr).removeprefix("Skipped: ")
+    if report.skipped and any(s in reason for s in _SUMMARISED_SKIPS):
+        _skipped[report.nodeid] = reason
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.skipped and NO_REDIS in str(report.longrepr):
-        _skipped_for_redis.append(report.nodeid)
+    _note_skip(report)
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
-    if report.skipped and NO_REDIS in str(report.longrepr):  # a module skipped whole
-        _skipped_for_redis.append(report.nodeid)
+    _note_skip(report)  # a module skipped whole
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """One line for every test skipped for want of Redis, instead of one per test."""
-    if _skipped_for_redis:
-        terminalreporter.write_line(f"{len(_skipped_for_redis)} tests or modules skipped: {NO_REDIS}", yellow=True)
+    """One line per reason for the tests skipped for want of a service (Redis, real SGLang), not one per test."""
+    for reason in sorted(set(_skipped.values())):
+        n = sum(1 for r in _skipped.values() if r == reason)
+        terminalreporter.write_line(f"{n} tests or modules skipped: {reason}", yellow=True)

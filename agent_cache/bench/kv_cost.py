@@ -1,7 +1,8 @@
 """``python -m agent_cache.bench.kv_cost``: what following a worker's KV events costs a router.
 
-Builds 200,000 single-token pages (SGLang's page size 1: one event per
-stored token) in a radix cache with events on, then times decoding the
+Builds 200,000 single-token pages (SGLang's page size 1) in a radix cache
+with events on, in the newest release's format (stores that continue each
+other merged into one event), then times decoding the
 published payload (:func:`agent_cache.kv_events.decode_batch`) and applying
 it (:meth:`agent_cache.routing.kv_state.KvState.apply`); then what the state
 keeps of them, in bytes a resident token (``tracemalloc``, the payload decoded
@@ -23,17 +24,19 @@ from agent_cache.kv_events import KVEventBatch, decode_batch, encode_batch
 from agent_cache.routing.kv_snapshots import decode, encode
 from agent_cache.routing.kv_state import KvState
 from agent_cache.sim.radix import RadixCache
+from agent_cache.sim.versions import LATEST_VERSION, SGLangVersion
 
 
 def measure(tokens: int = 200_000, node: int = 2_000, seed: int = 0) -> dict[str, float]:
     """Microseconds per event to decode and per stored token to index."""
     rng = random.Random(seed)
     ids = [rng.randrange(100_000) for _ in range(tokens)]
-    cache = RadixCache(10 * tokens, enable_kv_events=True)
+    fmt = SGLangVersion.parse(LATEST_VERSION).kv_event_format  # the newest release's events
+    cache = RadixCache(10 * tokens, enable_kv_events=True, kv_format=fmt)
     for end in range(node, tokens + 1, node):
         cache.insert(ids[:end])
     events = cache.take_events()
-    payload = encode_batch(KVEventBatch(0.0, events))
+    payload = encode_batch(KVEventBatch(0.0, events), fmt.encoding)
     t0 = time.perf_counter()
     batch = decode_batch(payload)
     t1 = time.perf_counter()
@@ -70,14 +73,15 @@ def pending_cost(batch_tokens: int = 1_000, seed: int = 0) -> dict[str, float]:
     """What an unknown worker's batches kept for a snapshot cost at the cap (``max_pending_weight``):
     1,000-token batches at page size 1, decoded as the subscriber decodes them, traced while kept."""
     rng = random.Random(seed)
-    cache = RadixCache(10**8, enable_kv_events=True)
+    fmt = SGLangVersion.parse(LATEST_VERSION).kv_event_format
+    cache = RadixCache(10**8, enable_kv_events=True, kv_format=fmt)
     cache.take_events()  # the start-up reset: not heard, so the worker stays unknown
     probe = KvState()
     n = probe.max_pending_weight // (2 * batch_tokens) + 5  # past the cap
     payloads = []
     for i in range(n):
         cache.insert([rng.randrange(100_000) for _ in range(batch_tokens)])
-        payloads.append(encode_batch(KVEventBatch(float(i), cache.take_events())))
+        payloads.append(encode_batch(KVEventBatch(float(i), cache.take_events()), fmt.encoding))
     gc.collect()
     tracemalloc.start()
     try:

@@ -21,16 +21,14 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 from typing import Callable, Iterable, Sequence
 
 import httpx
 
 from agent_cache.errors import BenchProcessError
+from agent_cache.processes import Proc, Processes, free_port, wait_until  # noqa: F401  (re-exported)
 
 MODEL = "sim-llama-3.1-8b"  # the simulated workers' served model name (their default)
 
@@ -71,116 +69,6 @@ def write_gateway_keys(path: str, tenants: Iterable[str]) -> str:
         # admins' keys: the gateway names the worker that served each call by its URL, which the benchmark reads
         f.writelines(f"{gateway_key(t)} {t} role=admin\n" for t in sorted(set(tenants)))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Proc:
-    """One subprocess and its log file."""
-
-    def __init__(self, name: str, argv: Sequence[str], log_path: str) -> None:
-        self.name = name
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        try:
-            self.popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=self._log,
-                                          stderr=subprocess.STDOUT)
-        except OSError as exc:
-            self._log.close()
-            raise BenchProcessError(f"{name}: cannot start {argv[0]}: {exc}") from exc
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, chars: int = 1500) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - chars))
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
-
-    def check(self) -> None:
-        if not self.alive():
-            raise BenchProcessError(f"{self.name} exited with status {self.popen.returncode}; "
-                                    f"log tail:\n{self.tail()}")
-
-    def stop(self, grace: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds."""
-        if self.alive():
-            self.popen.terminate()
-            try:
-                self.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(10)
-        self._log.close()
-
-
-class Processes:
-    """Starts subprocesses and stops all of them (and removes their temp dir) on close."""
-
-    def __init__(self) -> None:
-        self.dir = tempfile.mkdtemp(prefix="agent-cache-bench-")
-        self._procs: list[Proc] = []
-
-    def start(self, name: str, argv: Sequence[str]) -> Proc:
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-        proc = Proc(name, argv, os.path.join(self.dir, safe + ".log"))
-        self._procs.append(proc)
-        return proc
-
-    def stop(self, proc: Proc, grace: float = 5.0) -> None:
-        proc.stop(grace)
-        if proc in self._procs:
-            self._procs.remove(proc)
-
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._procs if p.alive()]
-
-    def close(self) -> None:
-        errors = []
-        for proc in reversed(self._procs):
-            try:
-                proc.stop()
-            except Exception as exc:  # keep stopping the others
-                errors.append(exc)
-        self._procs.clear()
-        shutil.rmtree(self.dir, ignore_errors=True)
-        if errors:
-            raise errors[0]
-
-    def __enter__(self) -> "Processes":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def wait_until(ready: Callable[[], bool], procs: Sequence[Proc], what: str, timeout: float = 30.0) -> None:
-    """Poll ``ready`` until it is true; fail with the log of a process that died, or on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for p in procs:
-            p.check()
-        try:
-            if ready():
-                return
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            pass
-        if time.monotonic() > deadline:
-            tails = "\n".join(f"--- {p.name}:\n{p.tail(600)}" for p in procs)
-            raise BenchProcessError(f"{what} not ready after {timeout:.0f} s\n{tails}")
-        time.sleep(0.1)
 
 
 class SimWorkers:

@@ -14,12 +14,17 @@ FINGERPRINT_ANCHORS = 8
 
 def anchors(tokens: Sequence[int]) -> list[int]:
     """The content-defined anchor hashes of ``tokens``, in order."""
+    return [h for _, h in anchors_at(tokens)]
+
+
+def anchors_at(tokens: Sequence[int]) -> list[tuple[int, int]]:
+    """(index of its last token, hash) of each content-defined anchor of ``tokens``, in order."""
     out = []
     w = ANCHOR_WINDOW
     for i in range(len(tokens) - w + 1):
         h = hash(tuple(tokens[i : i + w]))
         if h % ANCHOR_EVERY == 0:
-            out.append(h)
+            out.append((i + w - 1, h))
     return out
 
 

@@ -68,6 +68,7 @@ class KvIndexer:
         self._thread = threading.Thread(target=self._loop, name="kv-indexer", daemon=True)
         self._resync: set[str] = set()  # workers whose publisher connection dropped
         self._replayed_upto: dict[str, int] = {}  # worker -> the last batch applied from its replay at start
+        self._warned: set[str] = set()  # workers whose undecodable batch was logged
         self.batches = 0
         self.replayed = 0
         self.bad = 0
@@ -163,9 +164,12 @@ class KvIndexer:
     def _apply(self, url: str, seq: int, payload: bytes) -> None:
         try:
             batch = decode_batch(payload)
-        except ValueError:
+        except ValueError as exc:
             self.bad += 1
-            log.warning("kv events from %s: an undecodable batch (seq %d)", url, seq)
+            if url not in self._warned:  # once a worker: a format this version cannot read repeats every batch
+                self._warned.add(url)
+                log.warning("kv events from %s: an undecodable batch (seq %d: %s); counted in "
+                            "agent_cache_kv_undecodable_total, not logged again", url, seq, exc)
             return
         self.state.apply(url, seq, batch)
         self.batches += 1
@@ -181,14 +185,15 @@ class KvIndexer:
             sock.connect(endpoint)
             sock.send_multipart([b"", first.to_bytes(8, "big")])
             while sock.poll(REPLAY_TIMEOUT_MS):
-                frames = sock.recv_multipart()
-                if len(frames) != 3:
+                frames = sock.recv_multipart()  # [b"", seq, payload]; from 0.5.23 [b"", topic, seq, payload]
+                if len(frames) not in (3, 4):
+                    self.bad += 1
                     break
-                seq = sequence_of(frames[1])
-                if seq < 0:
+                seq = sequence_of(frames[-2])
+                if seq < 0:  # the end marker (its topic frame, where there is one, is empty)
                     break
                 if first <= seq < upto:
-                    out.append((seq, frames[2]))
+                    out.append((seq, frames[-1]))
         finally:
             sock.close()
         return out

@@ -1,11 +1,11 @@
-"""Workers' resident KV runs shared by the router processes through the store (docs/routing.md, "KV events").
+"""Workers' resident KV pages shared by the router processes through the store (docs/routing.md, "KV events").
 
 Every process subscribes to the workers' events itself, but one that
 subscribes late (a replica added or restarted) hears a worker from the
 middle of its stream: without a replay buffer that still holds the
 worker's start-up reset, the worker is unknown to it until its next
 ``AllBlocksCleared``, which may be days away. So the processes that know a
-worker write, in turn, a snapshot of its resident runs to the store (one
+worker write, in turn, a snapshot of its resident pages to the store (one
 writer per worker and interval, ``{prefix}:kvwl:<url>``; the snapshot at
 ``{prefix}:kvw:<url>``, msgpack, gone ``ttl`` s after its last write), and
 a process to which a worker is unknown keeps that worker's latest batches
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 DEFAULT_INTERVAL = 2.0  # s between two snapshots of a worker, and between two reads for an unknown one
 DEFAULT_TTL = 30.0  # s a snapshot stays without a new write: nobody knows the worker any more
 PENDING_SECONDS = 10.0  # at least, of an unknown worker's latest batches kept to bring a snapshot up to date
-FORMAT = 1
+FORMAT = 2  # 2: resident pages (1: runs, before the events of SGLang 0.5.9+ were followed exactly)
 _STORE_FAILED = (StoreError, StoreRefusedError)
 
 
@@ -54,7 +54,7 @@ class WorkerSnapshotStore(Protocol):
 def encode(snap: WorkerSnapshot) -> bytes:
     import msgpack
 
-    return bytes(msgpack.packb([FORMAT, snap.seq, snap.ts, snap.runs]))
+    return bytes(msgpack.packb([FORMAT, snap.seq, snap.ts, snap.page_size, snap.pages, snap.anchored]))
 
 
 def decode(blob: bytes) -> WorkerSnapshot:
@@ -62,11 +62,12 @@ def decode(blob: bytes) -> WorkerSnapshot:
     import msgpack
 
     try:
-        fmt, seq, ts, runs = msgpack.unpackb(blob)
+        fmt, *rest = msgpack.unpackb(blob)
         if fmt != FORMAT:
             raise ValueError(f"snapshot format {fmt!r}")
-        return WorkerSnapshot(int(seq), float(ts), [(int(a), int(b), int(c), int(d), [int(x) for x in e])
-                                                    for a, b, c, d, e in runs])
+        seq, ts, page_size, pages, anchored = rest
+        return WorkerSnapshot(int(seq), float(ts), int(page_size), [(int(h), int(n)) for h, n in pages],
+                              [(int(h), [int(a) for a in found]) for h, found in anchored])
     except (TypeError, ValueError, msgpack.UnpackException) as exc:
         raise ValueError(f"undecodable KV snapshot: {exc}") from exc
 
@@ -150,8 +151,8 @@ class KvSnapshots:
         outcome = self.state.install(url, snap)
         if outcome == "installed":
             self.installed += 1
-            log.info("kv snapshots: %s known from another process's snapshot (batch %d, %d runs, %.1f ms)",
-                     url, snap.seq, len(snap.runs), (time.perf_counter() - t0) * 1000)
+            log.info("kv snapshots: %s known from another process's snapshot (batch %d, %d pages, %.1f ms)",
+                     url, snap.seq, len(snap.pages), (time.perf_counter() - t0) * 1000)
 
     def close(self) -> None:
         self._stop.set()

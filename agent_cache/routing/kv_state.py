@@ -1,12 +1,14 @@
 """Per-worker cache state rebuilt from SGLang's KV events (see docs/routing.md, "KV events").
 
-SGLang's events name pages by a hash of the page's own tokens, not of its
-prefix, and link no node to its parent; at the default page size of 1 a
-page hash names a single token. So this index does not rebuild the tree.
-It keeps each worker's resident radix nodes as *runs* (the pages of one
-``BlockStored`` chain: a node SGLang stored; of it only its length, its
-first page's hash and all its page hashes hashed together, which a removal
-matches) and, over the runs, content-defined anchors (``kv_anchors.py``).
+Each worker's resident pages are kept as a count per block hash (``pages``),
+which follows every event format SGLang has published exactly: 0.5.4's hashes of
+a page's own tokens (equal pages anywhere hash alike: counted, a node split is a
+removal then stores), 0.5.9's per-page events and 0.5.23's coalesced ones with
+SHA-256 chain hashes (one hash per prefix position; a split sends nothing and
+changes no hash, an eviction removes pages in any order). Over the stored
+tokens, content-defined anchors (``kv_anchors.py``), each kept with the page it
+ends in and gone with it; chains of stored pages are read across events (an
+event whose parent is the previous event's last page continues it).
 A template's fingerprint is the anchors of its own tokens (a few, spread
 over it);
 a worker holds the template when every one of them is resident there.
@@ -24,7 +26,7 @@ of the session's own prefix is left ("gone"): the router knows it before
 the next step instead of from that step's reported cached tokens
 (:meth:`KvState.annotate` marks the worker).
 
-Bounded: a worker's runs are capped (``max_tokens``); past the cap the
+Bounded: a worker's resident tokens are capped (``max_tokens``); past the cap the
 worker's state is dropped and it counts as unknown until its next
 ``AllBlocksCleared``. A gap in a worker's sequence numbers (lost events,
 a subscriber behind its publisher's high-water mark) makes it unknown too,
@@ -41,8 +43,8 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Iterable, NamedTuple, Sequence
 
-from agent_cache.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
-from agent_cache.routing.kv_anchors import anchors, fingerprint
+from agent_cache.kv_events import DEVICE_MEDIUMS, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from agent_cache.routing.kv_anchors import anchors_at, fingerprint
 from agent_cache.routing.kv_pending import DEFAULT_MAX_PENDING_WEIGHT, PendingBatches
 from agent_cache.store.base import WorkerSpec
 
@@ -52,28 +54,19 @@ DEFAULT_MAX_TEMPLATES = 10_000
 DEFAULT_MAX_SESSIONS = 50_000  # about 60 MB (tracemalloc)
 
 
-@dataclass(slots=True)
-class _Run:
-    length: int  # tokens
-    first: int  # its first page's block hash
-    pages: int  # how many pages
-    digest: int  # its block hashes in order, hashed: a removal names them all (kept instead of the hashes)
-    anchors: list[int]
-
-
 @dataclass
 class _Worker:
-    runs: dict[int, _Run] = field(default_factory=dict)
-    by_first: dict[int, list[int]] = field(default_factory=dict)  # first page hash -> run ids
+    pages: dict[int, int] = field(default_factory=dict)  # block hash -> copies resident (0.5.4 hashes repeat)
+    page_anchors: dict[int, tuple[int, ...]] = field(default_factory=dict)  # block hash -> anchors ending in it
     anchors: dict[int, int] = field(default_factory=dict)  # anchor hash -> resident count
+    page_size: int = 1  # tokens a page (the events' block_size)
     tokens: int = 0
     seq: int | None = None  # the last sequence number applied
     ts: float = 0.0  # the timestamp of that batch: with ``seq``, names it (a restarted worker numbers from 0 again)
     known: bool = False  # an AllBlocksCleared (or a snapshot) was seen and no event was lost since
     pending: PendingBatches = field(default_factory=PendingBatches)  # while unknown: its latest batches
-    next_id: int = 0
-    stored: int = 0
-    removed: int = 0
+    stored: int = 0  # pages
+    removed: int = 0  # pages
 
 
 class SessionPrint(NamedTuple):
@@ -87,12 +80,14 @@ class SessionPrint(NamedTuple):
 
 
 class WorkerSnapshot(NamedTuple):
-    """A known worker's resident runs as of its batch ``seq`` (timestamp ``ts``): each run as
-    (tokens, first page hash, pages, digest of its page hashes, anchors)."""
+    """A known worker's resident pages as of its batch ``seq`` (timestamp ``ts``): (block hash, copies) each,
+    the anchors of the pages that have some, and the tokens a page."""
 
     seq: int
     ts: float
-    runs: list[tuple[int, int, int, int, list[int]]]
+    page_size: int
+    pages: list[tuple[int, int]]
+    anchored: list[tuple[int, list[int]]]
 
 
 @dataclass(slots=True)
@@ -334,13 +329,13 @@ class KvState:
     # --- snapshots: a worker known here, taken up by a process that is not (kv_snapshots.py) ---
 
     def snapshot(self, url: str) -> WorkerSnapshot | None:
-        """The worker's resident runs as of the last batch applied (None: not known here)."""
+        """The worker's resident pages as of the last batch applied (None: not known here)."""
         with self._lock:
             w = self._workers.get(url)
             if w is None or not w.known or w.seq is None:
                 return None
-            return WorkerSnapshot(w.seq, w.ts, [(r.length, r.first, r.pages, r.digest, list(r.anchors))
-                                                for r in w.runs.values()])
+            return WorkerSnapshot(w.seq, w.ts, w.page_size, list(w.pages.items()),
+                                  [(h, list(found)) for h, found in w.page_anchors.items()])
 
     def last_batch(self, url: str) -> tuple[int, float] | None:
         """(sequence number, timestamp) of the last batch applied of a worker known here; None otherwise."""
@@ -364,14 +359,17 @@ class KvState:
             last = None if w is None else w.pending.last_seq
             if w is None or last is None or snap.seq > last:
                 return "ahead"
-            if sum(r[0] for r in snap.runs) > self.max_tokens:
+            if sum(n for _, n in snap.pages) * snap.page_size > self.max_tokens:
                 return "too_large"
             after = w.pending.since(snap.seq, snap.ts)
             if after is None:
                 return "stale"
             self._clear(w)
-            for length, first, pages, digest, found in snap.runs:
-                self._add_run(w, _Run(length, first, pages, digest, list(found)))
+            w.page_size = snap.page_size
+            w.pages = dict(snap.pages)
+            w.tokens = sum(w.pages.values()) * w.page_size
+            for h, found in snap.anchored:
+                self._add_anchors(w, h, tuple(found))
             w.known = True
             for batch in after:
                 self._apply_events(w, batch)
@@ -402,30 +400,26 @@ class KvState:
                 w.pending.keep(seq, batch, seconds=self.keep_pending_s, max_weight=self.max_pending_weight)
 
     def _apply_events(self, w: _Worker, batch: KVEventBatch) -> None:
-        stored: list[BlockStored] = []
-        removed: list[int] = []
+        chain: list[BlockStored] = []  # stored pages that continue each other, read as one token run
         for e in batch.events:
+            if isinstance(e, (BlockStored, BlockRemoved)) and e.medium not in DEVICE_MEDIUMS:
+                continue  # a host copy (HiCache): not in the device's pool
             if isinstance(e, BlockStored):
-                if removed:
-                    self._remove(w, removed)
-                    removed = []
-                if e.parent_block_hash is None and stored:
-                    self._store(w, stored)
-                    stored = []
-                stored.append(e)
-            elif isinstance(e, BlockRemoved):
-                if stored:
-                    self._store(w, stored)
-                    stored = []
-                removed.extend(e.block_hashes)
+                if chain and (e.parent_block_hash is None or e.parent_block_hash != chain[-1].block_hashes[-1]):
+                    self._store(w, chain)
+                    chain = []
+                chain.append(e)
+                continue
+            if chain:
+                self._store(w, chain)
+                chain = []
+            if isinstance(e, BlockRemoved):
+                self._remove(w, e.block_hashes)
             elif isinstance(e, AllBlocksCleared):
-                stored, removed = [], []
                 self._clear(w)
                 w.known = True
-        if stored:
-            self._store(w, stored)
-        if removed:
-            self._remove(w, removed)
+        if chain:
+            self._store(w, chain)
         if w.tokens > self.max_tokens:
             self.overflows += 1
             self._clear(w)
@@ -433,57 +427,58 @@ class KvState:
 
     @staticmethod
     def _clear(w: _Worker) -> None:
-        w.runs.clear()
-        w.by_first.clear()
+        w.pages.clear()
+        w.page_anchors.clear()
         w.anchors.clear()
         w.tokens = 0
 
     def _store(self, w: _Worker, chain: list[BlockStored]) -> None:
         tokens: list[int] = []
-        pages: list[int] = []
+        hashes: list[int] = []
         for e in chain:
             tokens.extend(e.token_ids)
-            pages.extend(e.block_hashes)
-        self._add_run(w, _Run(len(tokens), pages[0], len(pages), hash(tuple(pages)), anchors(tokens)))  # no token kept
-        w.stored += 1
+            hashes.extend(e.block_hashes)
+        if not hashes:
+            return
+        size = w.page_size = max(1, chain[0].block_size or len(tokens) // len(hashes))
+        ending: dict[int, list[int]] = {}  # page index -> anchors whose last token is in it
+        for end, a in anchors_at(tokens):
+            ending.setdefault(end // size, []).append(a)
+        for i, h in enumerate(hashes):
+            copies = w.pages.get(h, 0)
+            w.pages[h] = copies + 1
+            w.tokens += size
+            w.stored += 1
+            if i in ending:
+                self._add_anchors(w, h, tuple(ending[i]))
 
     @staticmethod
-    def _add_run(w: _Worker, run: _Run) -> None:
-        rid = w.next_id
-        w.next_id += 1
-        w.runs[rid] = run
-        w.by_first.setdefault(run.first, []).append(rid)
-        for a in run.anchors:
+    def _add_anchors(w: _Worker, page: int, found: tuple[int, ...]) -> None:
+        """``found`` end in ``page``; a 0.5.4 page hash repeats (its own tokens only): the anchors of every
+        copy are kept until the last copy goes. Chain hashes never repeat, so there it is exact."""
+        w.page_anchors[page] = w.page_anchors.get(page, ()) + found
+        for a in found:
             w.anchors[a] = w.anchors.get(a, 0) + 1
-        w.tokens += run.length
 
-    def _remove(self, w: _Worker, hashes: list[int]) -> None:
-        """Consecutive removed pages: one or more whole runs, each matched by its pages."""
-        i = 0
-        while i < len(hashes):
-            match = None
-            for rid in w.by_first.get(hashes[i], ()):
-                run = w.runs[rid]
-                if (match is None or run.pages > w.runs[match].pages) and i + run.pages <= len(hashes) \
-                        and hash(tuple(hashes[i : i + run.pages])) == run.digest:
-                    match = rid
-            if match is None:
-                i += 1  # a page of a run this index never saw (stored before it subscribed)
+    @staticmethod
+    def _remove(w: _Worker, hashes: list[int]) -> None:
+        """Pages evicted (in any order); a page this index never saw (stored before it subscribed) is skipped."""
+        for h in hashes:
+            copies = w.pages.get(h)
+            if copies is None:
                 continue
-            run = w.runs.pop(match)
-            ids = w.by_first[run.first]
-            ids.remove(match)
-            if not ids:
-                del w.by_first[run.first]
-            for a in run.anchors:
+            w.tokens -= w.page_size
+            w.removed += 1
+            if copies > 1:
+                w.pages[h] = copies - 1
+                continue
+            del w.pages[h]
+            for a in w.page_anchors.pop(h, ()):
                 n = w.anchors[a] - 1
                 if n:
                     w.anchors[a] = n
                 else:
                     del w.anchors[a]
-            w.tokens -= run.length
-            w.removed += 1
-            i += run.pages
 
 
 def _holds(w: _Worker, fp: tuple[int, ...]) -> bool:

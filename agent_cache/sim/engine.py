@@ -59,7 +59,7 @@ class WorkerOptions:
             disable_radix_cache=self.disable_radix_cache, schedule_policy=self.schedule_policy,
             chunked_prefill_size=self.chunked_prefill_size, max_prefill_tokens=self.max_prefill_tokens,
             max_running_requests=self.max_running_requests, latency=self.latency,
-            enable_kv_events=bool(self.kv_events_config),
+            enable_kv_events=bool(self.kv_events_config), kv_event_format=version.kv_event_format,
         )
 
 
@@ -119,7 +119,7 @@ class Engine:
         self.options = options or WorkerOptions()
         self.version = SGLangVersion.parse(self.options.sglang_version)
         self.model = WorkerModel(self.options.scheduler_config())
-        self.kv_events = create_sink(self.options.kv_events_config)
+        self.kv_events = create_sink(self.options.kv_events_config, self.version.kv_event_format)
         if self.kv_events is not None:  # the idle loop publishes the start-up AllBlocksCleared
             self.kv_events.idle(self.model.cache)
         self.ttft = Histogram(TTFT_BUCKETS)

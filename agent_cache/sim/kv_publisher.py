@@ -1,12 +1,12 @@
 """The simulated worker's KV event publisher: SGLang's ``ZmqEventPublisher``.
 
-Same behaviour as SGLang 0.5.4 (``srt/disaggregation/kv_events.py``): a
+Same behaviour as SGLang's (``srt/disaggregation/kv_events.py``), in the release's format: a
 background thread takes batches from a bounded queue and sends each on a
 ZeroMQ PUB socket as ``(topic, sequence, payload)``; the endpoint is bound
 when it holds ``*``, ``::``, ``ipc://`` or ``inproc://`` and connected to
 otherwise; with ``replay_endpoint``, a ROUTER socket answers a request
 ``(identity, b"", start_seq)`` with every buffered ``(seq, payload)`` from
-``start_seq`` on, then ``(-1, b"")``. The scheduler publishes after each
+``start_seq`` on, then ``(-1, b"")`` (from 0.5.22 each answer carries the topic frame too). The scheduler publishes after each
 prefill pass and every ``DECODE_LOG_INTERVAL`` decode passes, as SGLang's
 ``log_prefill_stats`` / ``log_decode_stats`` do, and whenever it has nothing
 to run (SGLang 0.5.4's idle self-check, ``check_memory``, publishes too): a
@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from agent_cache.kv_events import (
+    EventFormat,
     KVEvent,
     KVEventBatch,
     encode_batch,
@@ -80,8 +81,10 @@ class ZmqEventPublisher:
 
     SHUTDOWN_TIMEOUT = 1.0
 
-    def __init__(self, config: KVEventsConfig, attn_dp_rank: int = 0) -> None:
+    def __init__(self, config: KVEventsConfig, attn_dp_rank: int = 0, fmt: EventFormat = EventFormat()) -> None:
         import zmq
+
+        self._format = fmt
 
         self._rank = attn_dp_rank
         self._queue: queue.Queue[KVEventBatch | None] = queue.Queue(maxsize=config.max_queue_size)
@@ -123,7 +126,7 @@ class ZmqEventPublisher:
                 continue
             if batch is None:
                 break
-            payload = encode_batch(batch)
+            payload = encode_batch(batch, self._format.encoding)
             seq = self._seq
             self._seq += 1
             self._pub.send_multipart((self._topic, sequence_bytes(seq), payload))
@@ -137,8 +140,14 @@ class ZmqEventPublisher:
         first = int.from_bytes(start, "big")
         for seq, payload in list(self._buffer):
             if seq >= first:
-                self._replay.send_multipart((client, b"", sequence_bytes(seq), payload))
-        self._replay.send_multipart((client, b"", END_SEQ, b""))
+                self._replay.send_multipart((client, b"", *self._replay_topic(), sequence_bytes(seq), payload))
+        self._replay.send_multipart((client, b"", *self._replay_topic(b""), END_SEQ, b""))
+
+    def _replay_topic(self, topic: bytes | None = None) -> tuple[bytes, ...]:
+        """0.5.22+ answer a replay with the topic as a frame of its own (empty in the end marker)."""
+        if not self._format.replay_topic:
+            return ()
+        return (self._topic if topic is None else topic,)
 
     def shutdown(self) -> None:
         if not self._running:
@@ -179,11 +188,11 @@ class EventSink:
         self.publisher.shutdown()
 
 
-def create_sink(config_json: str | None) -> EventSink | None:
+def create_sink(config_json: str | None, fmt: EventFormat = EventFormat()) -> EventSink | None:
     """``--kv-events-config``: None when absent or the "null" publisher."""
     if not config_json:
         return None
     config = KVEventsConfig.from_cli(config_json)
     if config.publisher == "null":
         return None
-    return EventSink(ZmqEventPublisher(config))
+    return EventSink(ZmqEventPublisher(config, fmt=fmt))

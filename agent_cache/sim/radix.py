@@ -16,9 +16,13 @@ Behaviour copied from SGLang (``srt/mem_cache/radix_cache.py``):
   ``outside_tokens`` counts them against the same capacity, and
   ``evictable_tokens`` is kept up to date on every lock and unlock, as
   SGLang's ``evictable_size_``;
-* with ``enable_kv_events``, every store, split, eviction and reset is
-  queued as SGLang's KV events (one per page; see
-  :mod:`agent_cache.kv_events`) for :meth:`RadixCache.take_events`.
+* with ``enable_kv_events``, every store, eviction and reset is queued as
+  SGLang's KV events for :meth:`RadixCache.take_events`, in the release's
+  format (``kv_format``; see :mod:`agent_cache.kv_events`): 0.5.4's per-page
+  events with a page's own hash, a split sent as a removal and two stores;
+  from 0.5.6, SHA-256 chain hashes and nothing on a split (0.5.6's removal
+  of a split node's pages is not copied); from 0.5.15 and 0.5.18,
+  consecutive removals and stores merged as those releases' recorders do.
 """
 
 from __future__ import annotations
@@ -28,7 +32,16 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from agent_cache.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, block_hash
+from agent_cache.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventFormat,
+    KVEvent,
+    block_hash,
+    chain_digest,
+    digest_to_int64,
+)
 
 EVICTION_POLICIES = ("lru", "lfu")
 
@@ -45,6 +58,7 @@ class _Node:
     lock_ref: int = 0
     last_access: float = 0.0
     hit_count: int = 0
+    digests: list[bytes] = field(default_factory=list)  # chain formats: each page's SHA-256, for its events
 
 
 @dataclass(frozen=True)
@@ -59,7 +73,7 @@ class RadixCache:
     """Prefix cache over token ids with capacity in tokens and leaf eviction."""
 
     def __init__(self, capacity_tokens: int, *, page_size: int = 1, eviction_policy: str = "lru",
-                 enable_kv_events: bool = False) -> None:
+                 enable_kv_events: bool = False, kv_format: EventFormat = EventFormat()) -> None:
         if capacity_tokens <= 0:
             raise ValueError("capacity_tokens must be positive")
         if page_size <= 0:
@@ -71,6 +85,9 @@ class RadixCache:
         self.eviction_policy = eviction_policy
         self._clock = itertools.count(1)  # logical time: deterministic LRU order
         self.kv_events: list[KVEvent] | None = [] if enable_kv_events else None
+        self.kv_format = kv_format
+        self._chained = kv_format.chained
+        self._medium = kv_format.medium
         self.reset()
 
     def reset(self) -> None:
@@ -88,17 +105,50 @@ class RadixCache:
 
     def _record_store(self, node: _Node) -> None:
         assert self.kv_events is not None
-        parent: int | None = None  # SGLang never links a node's first page to its parent
-        for start in range(0, len(node.key), self.page_size):
-            page = node.key[start : start + self.page_size]
-            h = block_hash(page)
-            self.kv_events.append(BlockStored([h], parent, page, len(page), None))
+        ps = self.page_size
+        if not self._chained:
+            parent: int | None = None  # SGLang 0.5.4 never links a node's first page to its parent
+            for start in range(0, len(node.key), ps):
+                page = node.key[start : start + ps]
+                h = block_hash(page)
+                self.kv_events.append(BlockStored([h], parent, page, len(page), None))
+                parent = h
+            return
+        above = node.parent
+        prior = above.digests[-1] if above is not None and above.digests else None
+        parent = None if prior is None else digest_to_int64(prior)
+        node.digests = []
+        for start in range(0, len(node.key), ps):
+            page = node.key[start : start + ps]
+            prior = chain_digest(page, prior)
+            node.digests.append(prior)
+            h = digest_to_int64(prior)
+            self._queue(BlockStored([h], parent, page, ps, None, self._medium))
             parent = h
 
     def _record_remove(self, node: _Node) -> None:
         assert self.kv_events is not None
-        for start in range(0, len(node.key), self.page_size):
-            self.kv_events.append(BlockRemoved([block_hash(node.key[start : start + self.page_size])]))
+        if not self._chained:
+            for start in range(0, len(node.key), self.page_size):
+                self.kv_events.append(BlockRemoved([block_hash(node.key[start : start + self.page_size])]))
+            return
+        for d in node.digests:
+            self._queue(BlockRemoved([digest_to_int64(d)], self._medium))
+
+    def _queue(self, event: KVEvent) -> None:
+        """Queue an event; 0.5.23's publisher merges it into the last one when it continues it."""
+        assert self.kv_events is not None
+        tail = self.kv_events[-1] if self.kv_events else None
+        fmt = self.kv_format
+        if fmt.merge_stores and isinstance(event, BlockStored) and isinstance(tail, BlockStored) \
+                and event.parent_block_hash == tail.block_hashes[-1] and event.block_size == tail.block_size:
+            tail.block_hashes.extend(event.block_hashes)
+            tail.token_ids.extend(event.token_ids)
+            return
+        if fmt.merge_removes and isinstance(event, BlockRemoved) and isinstance(tail, BlockRemoved):
+            tail.block_hashes.extend(event.block_hashes)
+            return
+        self.kv_events.append(event)
 
     def take_events(self) -> list[KVEvent]:
         """The events queued since the last call (none without ``enable_kv_events``)."""
@@ -157,7 +207,7 @@ class RadixCache:
         """Split ``child`` after ``n`` tokens; return the new upper node."""
         parent = child.parent
         assert parent is not None
-        if self.kv_events is not None:
+        if self.kv_events is not None and not self._chained:
             self._record_remove(child)
         upper = _Node(
             key=child.key[:n],
@@ -171,7 +221,9 @@ class RadixCache:
         child.key = child.key[n:]
         child.parent = upper
         upper.children[self._child_key(child.key, child.extra_key)] = child
-        if self.kv_events is not None:
+        if self._chained:  # 0.5.9+ send nothing: the pages keep their hashes, split between the two nodes
+            upper.digests, child.digests = child.digests[: n // self.page_size], child.digests[n // self.page_size :]
+        elif self.kv_events is not None:
             self._record_store(upper)
             self._record_store(child)
         return upper

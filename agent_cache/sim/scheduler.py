@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from agent_cache.sim.latency import DEFAULT_LATENCY, LatencyModel
+from agent_cache.kv_events import EventFormat
+from agent_cache.sim.versions import LATEST_VERSION, SGLangVersion
 from agent_cache.sim.radix import RadixCache, _Node
 
 SCHEDULE_POLICIES = ("fcfs", "lpm")
@@ -87,6 +89,8 @@ class SchedulerConfig:
     max_running_requests: int | None = None  # None: as SGLang derives it
     latency: LatencyModel = DEFAULT_LATENCY
     enable_kv_events: bool = False  # the radix cache queues SGLang's KV events (--kv-events-config)
+    # as the release simulated publishes them (default: the newest the simulator knows)
+    kv_event_format: EventFormat = field(default_factory=lambda: SGLangVersion.parse(LATEST_VERSION).kv_event_format)
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in SCHEDULE_POLICIES:
@@ -176,7 +180,7 @@ class WorkerModel:
         c = self.config
         self.cache = cache or RadixCache(c.max_total_tokens, page_size=c.page_size,
                                          eviction_policy=c.radix_eviction_policy,
-                                         enable_kv_events=c.enable_kv_events)
+                                         enable_kv_events=c.enable_kv_events, kv_format=c.kv_event_format)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []  # prefilled, decoding
         self.chunked: SimRequest | None = None  # a prompt part-way through chunked prefill

@@ -9,7 +9,10 @@ release's wheel (``sglang/srt/entrypoints/http_server.py``,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from agent_cache.kv_events import EventFormat
 
 SUPPORTED_VERSIONS = tuple(f"0.5.{n}" for n in range(1, 24))
 LATEST_VERSION = SUPPORTED_VERSIONS[-1]
@@ -17,7 +20,8 @@ LATEST_VERSION = SUPPORTED_VERSIONS[-1]
 
 Feature = Literal[
     "plain_info_routes", "v1_loads", "tokenize", "extra_key", "lfu_hits", "zero_cached_tokens", "retractions",
-    "output_delta",
+    "output_delta", "kv_chain_hashes", "kv_medium", "kv_merged_removes", "kv_merged_stores", "kv_event_maps",
+    "kv_replay_topic",
 ]
 
 # feature -> the first and last 0.5.<minor> release that has it (None: every later one)
@@ -32,6 +36,13 @@ FEATURES: dict[Feature, tuple[int, int | None]] = {
     "zero_cached_tokens": (22, None),  # ``prompt_tokens_details: {"cached_tokens": 0}``; null before
     "retractions": (5, 10),  # ``meta_info.total_retractions``
     "output_delta": (1, 5),  # streamed ``/generate`` chunks carry only the new ``output_ids``
+    # KV events (kv_events.py, read from every release's wheel)
+    "kv_chain_hashes": (6, None),  # SHA-256 chain hashes, parents named, nothing sent on a split (0.5.6: a removal)
+    "kv_medium": (9, None),  # a trailing ``medium``
+    "kv_merged_removes": (15, None),  # a node's removed pages in one event
+    "kv_merged_stores": (18, None),  # a store continuing the previous one merged into it
+    "kv_event_maps": (20, None),  # events as maps tagged by ``type``
+    "kv_replay_topic": (22, None),  # replay answers carry the topic frame
 }
 
 
@@ -52,4 +63,14 @@ class SGLangVersion:
         """Whether this release has ``feature`` (see ``FEATURES``)."""
         first, last = FEATURES[feature]
         return first <= self.minor and (last is None or self.minor <= last)
+
+    @property
+    def kv_event_format(self) -> "EventFormat":
+        """How this release publishes its KV events."""
+        from agent_cache.kv_events import FORMAT_ARRAYS, FORMAT_ARRAYS_MEDIUM, FORMAT_MAPS, EventFormat
+
+        encoding = FORMAT_MAPS if self.has("kv_event_maps") else \
+            FORMAT_ARRAYS_MEDIUM if self.has("kv_medium") else FORMAT_ARRAYS
+        return EventFormat(encoding, self.has("kv_chain_hashes"), self.has("kv_merged_removes"),
+                           self.has("kv_merged_stores"), self.has("kv_replay_topic"))
 

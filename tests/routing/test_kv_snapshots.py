@@ -18,7 +18,7 @@ from agent_cache.bench.realfleet import free_port, wait_until
 from agent_cache.kv_events import KVEventBatch
 from agent_cache.routing.kv_indexer import KvIndexer, parse_sources
 from agent_cache.routing.kv_snapshots import KvSnapshots, decode, encode
-from agent_cache.routing.kv_state import KvState, WorkerSnapshot
+from agent_cache.routing.kv_state import KvState
 from agent_cache.sim import SimWorkerThread, WorkerOptions
 from agent_cache.store.redis_store import RedisStore
 from tests.routing.kv_publisher import W0, PublishingCache, random_tokens
@@ -61,10 +61,10 @@ def _soon(ready: Callable[[], bool], seconds: float) -> bool:
     return ready()
 
 
-def _runs(state: KvState) -> list[tuple[int, int, int, int, list[int]]]:
+def _runs(state: KvState) -> list[tuple[int, int]]:
     snap = state.snapshot(W0)
     assert snap is not None
-    return sorted(snap.runs)
+    return sorted(snap.pages)
 
 
 def test_a_process_that_joins_late_takes_up_a_snapshot_and_then_follows_evictions(redis_server, stack) -> None:
@@ -118,9 +118,9 @@ def test_a_snapshot_is_taken_up_only_at_a_batch_received_here_and_of_the_same_ru
     assert late.install(W0, snap) == "stale"  # taken before the batches kept here: wait for a newer one
     newer = a.snapshot(W0)
     assert newer is not None
-    previous_run = WorkerSnapshot(newer.seq, newer.ts - 100.0, newer.runs)
+    previous_run = newer._replace(ts=newer.ts - 100.0)
     assert late.install(W0, previous_run) == "stale" and not late.known(W0)
-    assert late.install(W0, WorkerSnapshot(newer.seq + 1, newer.ts, newer.runs)) == "ahead"
+    assert late.install(W0, newer._replace(seq=newer.seq + 1)) == "ahead"
     assert late.install(W0, decode(encode(newer))) == "installed"
     assert late.cached_tokens(W0) == a.cached_tokens(W0) and late.install(W0, newer) == "known"
 

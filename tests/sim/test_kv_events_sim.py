@@ -181,7 +181,8 @@ def test_a_running_sim_worker_publishes_sglang_frames_an_independent_subscriber_
     endpoint = sub.getsockopt_string(zmq.LAST_ENDPOINT)
     replay = f"tcp://127.0.0.1:{free_port()}"
     config = {"publisher": "zmq", "endpoint": endpoint, "topic": "kv", "replay_endpoint": replay}
-    worker = SimWorkerThread(WorkerOptions(time_scale=0.0, page_size=4, kv_events_config=json.dumps(config)))
+    worker = SimWorkerThread(WorkerOptions(time_scale=0.0, page_size=4, kv_events_config=json.dumps(config),
+                                           sglang_version="0.5.4"))  # the release whose structs are above
     worker.start()
     try:
         frames: list[list[bytes]] = []
