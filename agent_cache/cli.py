@@ -459,6 +459,12 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    "or real processes with the smg gateway (--engine real); see bench --help")
 
 
+def _add_sglang_cpu(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # listed for --help; main() hands `sglang-cpu setup` to agent_cache.sglang_cpu.install
+    sub.add_parser("sglang-cpu", help="real SGLang on this CPU for tests and benchmarks: `sglang-cpu setup "
+                   "[--version 0.5.N]` installs a release in an environment of its own (see docs/real-sglang.md)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent-cache", description="Prefix-cache-aware middleware for LLM agents on SGLang")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -469,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_metrics_server(sub)
     _add_serve(sub)
     _add_sim_worker(sub)
+    _add_sglang_cpu(sub)
     _add_stats(sub)
     return parser
 
@@ -492,7 +499,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from agent_cache.bench.runner import main_bench
 
         return main_bench(argv[1:])
+    if argv[:2] == ["sglang-cpu", "setup"]:
+        from agent_cache.sglang_cpu.install import main as setup_main
+
+        return setup_main(argv[2:])
     args = build_parser().parse_args(argv)
+    if args.command == "sglang-cpu":
+        print("agent-cache sglang-cpu: the one action is `setup` (agent-cache sglang-cpu setup --help)",
+              file=sys.stderr)
+        return 2
     return int(args.func(args) or 0)
 
 

@@ -176,7 +176,8 @@ def setup(version: str, home: Path | None = None) -> Installed:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agent-cache sglang-cpu setup",
-                                     description="set up real SGLang releases to run on this CPU")
+                                     description="set up real SGLang releases to run on this CPU "
+                                                 f"(in ${HOME_ENV}, default ~/.cache/agent-cache/sglang)")
     parser.add_argument("--version", action="append", dest="versions", metavar="0.5.N",
                         help=f"release(s) to set up (default {LATEST_ENGINE}; known: {', '.join(ENGINE_VERSIONS)})")
     args = parser.parse_args(argv)

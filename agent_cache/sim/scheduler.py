@@ -477,9 +477,11 @@ class WorkerModel:
             req._node = None
 
     def _finish(self, req: SimRequest, now: float) -> None:
-        """``cache_finished_req``: prompt and output go into the tree, unlocked."""
+        """``cache_finished_req``: prompt and output but the last token go into the tree, unlocked."""
         req.done_at = now
         self._batch_full = False
         if req in self.running:
             self.running.remove(req)
-        self._release(req, keep=list(req.prompt) + list(req.output))
+        # SGLang inserts the tokens whose KV was computed (``kv_committed_len``): all but the last output
+        # token, which was sampled and never run through the model
+        self._release(req, keep=(list(req.prompt) + list(req.output))[:-1])

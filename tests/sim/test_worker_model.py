@@ -126,8 +126,8 @@ def test_kv_counts_running_tokens_and_idle_usage_is_zero() -> None:
     assert model.cache.evictable_tokens == 0
     _run(model)
     assert req.finished and model.used_tokens == 0 and model.token_usage == 0.0
-    assert model.cache.total_tokens == 4100  # prompt and output stay cached, evictable
-    assert model.cache.evictable_tokens == 4100
+    assert model.cache.total_tokens == 4099  # prompt and output but its last token stay cached, evictable
+    assert model.cache.evictable_tokens == 4099
 
 
 def test_eviction_frees_what_a_prefill_needs_and_spares_running_prompts() -> None:

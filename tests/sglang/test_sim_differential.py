@@ -1,0 +1,85 @@
+"""The simulator held to real SGLang: the same agent replay on one simulated and one real worker.
+
+Four agent sessions that share a template, interleaved, six steps each, every step resending the history
+with the previous answer and a new observation, as token ids through ``/generate`` (so tokenizers are out
+of the comparison: what is compared is the cache). Both workers have the same pool, page size and release;
+the answer tokens are the real worker's, sent to both. Compared per call: ``cached_tokens``; per step: the
+tokens resident, counted from each worker's own KV events. Once with room for everything, once with a
+pool that forces evictions.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Iterator
+
+import httpx
+import pytest
+
+from agent_cache.sglang_cpu.workers import RealWorker, wait_idle
+from agent_cache.sim import SimWorkerThread, WorkerOptions
+from tests.sglang.conftest import ENGINE_VERSION
+from tests.sglang.test_kv_events_real import _raw_resident
+
+SESSIONS, STEPS = 4, 6
+
+
+@pytest.fixture
+def sim_worker(tmp_path) -> Iterator:  # type: ignore[no-untyped-def]
+    started: list[SimWorkerThread] = []
+
+    def start(pool: int, page_size: int = 1) -> tuple[SimWorkerThread, str]:
+        replay = f"ipc://{tmp_path}/sim-{len(started)}.replay"
+        config = {"publisher": "zmq", "endpoint": f"ipc://{tmp_path}/sim-{len(started)}.pub",
+                  "replay_endpoint": replay}
+        w = SimWorkerThread(WorkerOptions(time_scale=0.0, max_total_tokens=pool, page_size=page_size,
+                                          sglang_version=ENGINE_VERSION, kv_events_config=json.dumps(config)))
+        w.start()
+        started.append(w)
+        return w, replay
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+def _replay_agents(real: RealWorker, sim_url: str, sim_replay: str, seed: int) -> tuple[list, list]:
+    rng = random.Random(seed)
+    template = [rng.randrange(10, 4000) for _ in range(150)]
+    prompts = [template + [rng.randrange(10, 4000) for _ in range(100)] for _ in range(SESSIONS)]
+    calls, steps = [], []
+    with httpx.Client(timeout=120) as client:
+        for url in (real.url, sim_url):  # the real server's warm-up requests left tokens in its cache
+            client.post(url + "/flush_cache").raise_for_status()
+        for step in range(STEPS):
+            for s in range(SESSIONS):
+                body = {"input_ids": prompts[s], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+                got_real = client.post(real.url + "/generate", json=body).json()
+                got_sim = client.post(sim_url + "/generate", json=body).json()
+                calls.append((got_real["meta_info"]["cached_tokens"], got_sim["meta_info"]["cached_tokens"],
+                              len(prompts[s])))
+                answer = got_real.get("output_ids") or [rng.randrange(10, 4000)]
+                prompts[s] = prompts[s] + list(answer) + [rng.randrange(10, 4000) for _ in range(40)]
+            wait_idle(real.url)
+            real_resident, size, _ = _raw_resident(real.kv_replay_endpoint or "")
+            sim_resident, sim_size, _ = _raw_resident(sim_replay)
+            steps.append((len(real_resident) * size, len(sim_resident) * sim_size))
+    return calls, steps
+
+
+@pytest.mark.parametrize("pool", [8192, 1024])
+def test_the_simulator_agrees_with_real_sglang_on_cached_tokens(start_workers, sim_worker, pool: int) -> None:
+    (real,) = start_workers(1, max_total_tokens=pool, kv_events=True)
+    sim, sim_replay = sim_worker(pool)
+    calls, steps = _replay_agents(real, sim.url, sim_replay, seed=pool)
+    same = sum(r == s for r, s, _ in calls)
+    same_resident = sum(r == s for r, s in steps)
+    print(f"\nSGLang {ENGINE_VERSION}, pool {pool}: cached_tokens equal on {same}/{len(calls)} calls, "
+          f"resident tokens equal after {same_resident}/{len(steps)} steps")
+    print("  per call (real, sim, prompt):", calls)
+    print("  per step (real resident, sim resident):", steps)
+    if pool < SESSIONS * 400:  # the sessions outgrow the pool: evictions are part of the comparison
+        assert max(r for r, _ in steps) <= pool and sum(p for *_, p in calls[-SESSIONS:]) > pool
+    assert same >= 0.99 * len(calls), calls
+    assert same_resident == len(steps), steps
