@@ -13,6 +13,8 @@ Every error derives from :class:`AgentCacheError`::
     │   ├── WorkerHTTPError                     an HTTP error status
     │   │   ├── WorkerBadRequestError           4xx: another worker would refuse it too
     │   │   │   └── ContextLengthError          the prompt is too long
+    │   │   ├── WorkerRefusedError [retryable]  401/403/404/405: this worker's key or path, until a
+    │   │   │                                   second worker refuses the same request
     │   │   ├── WorkerRateLimitError [retryable] 429
     │   │   └── WorkerServerError  [retryable]  5xx
     │   ├── MalformedResponseError [retryable]  not HTTP, not JSON, not SGLang's shape
@@ -134,6 +136,20 @@ class WorkerBadRequestError(WorkerHTTPError, ModelInvalidRequestError):
 
     retryable = False
     request_fault = True
+
+
+class WorkerRefusedError(WorkerHTTPError, ModelAPIError):
+    """HTTP 401/403/404/405 to a request the worker should serve (one that passed the gateway's checks, on
+    a route SGLang has): most often the worker's configuration (an ``--api-key`` other than the fleet's, a
+    path or a proxy in front of it), not the request. Only a second worker can tell: served there, the
+    refusal counts against this worker (a hard failure: out of rotation at once); refused there too, it
+    is the request's fault (:meth:`blame_request`) and answered as it is."""
+
+    retryable = True
+
+    @property
+    def second_opinion(self) -> bool:
+        return not self.request_fault
 
 
 class ContextLengthError(WorkerBadRequestError, ContextOverflowError):

@@ -164,7 +164,35 @@ def encode_batch(batch: KVEventBatch, fmt: str = FORMAT_ARRAYS) -> bytes:
     return out
 
 
+def _ints(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list) or not all(type(v) is int for v in value):
+        raise ValueError(f"{what}: expected a list of integers")
+    return value
+
+
+def _checked(event: KVEvent) -> KVEvent:
+    """The event if every field has the type SGLang sends (a wrongly typed record must not reach the state)."""
+    if isinstance(event, BlockStored):
+        _ints(event.block_hashes, "block_hashes")
+        _ints(event.token_ids, "token_ids")  # (EAGLE's bigram token ids are not followed)
+        if not event.block_hashes:
+            raise ValueError("BlockStored without block_hashes")
+        if event.parent_block_hash is not None and type(event.parent_block_hash) is not int:
+            raise ValueError("parent_block_hash: expected an integer or null")
+        if type(event.block_size) is not int or event.block_size < 1:
+            raise ValueError("block_size: expected a positive integer")
+    elif isinstance(event, BlockRemoved):
+        _ints(event.block_hashes, "block_hashes")
+    if isinstance(event, (BlockStored, BlockRemoved)) and not (event.medium is None or isinstance(event.medium, str)):
+        raise ValueError("medium: expected a string or null")
+    return event
+
+
 def _event(raw: Any) -> KVEvent:
+    return _checked(_event_any(raw))
+
+
+def _event_any(raw: Any) -> KVEvent:
     if isinstance(raw, Mapping):
         return _event_from_map(raw)
     try:
@@ -176,6 +204,8 @@ def _event(raw: Any) -> KVEvent:
             return BlockRemoved(raw[1], raw[2] if len(raw) > 2 else None)
     except (IndexError, KeyError, TypeError) as exc:
         raise ValueError(f"not a KV event: {raw!r}"[:200]) from exc
+    except RecursionError:
+        raise ValueError("not a KV event: nested too deep") from None
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
     raise ValueError(f"unknown KV event tag {tag!r}"[:200])
@@ -201,15 +231,14 @@ def decode_batch(payload: bytes) -> KVEventBatch:
     import msgpack
 
     try:
-        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
+        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False, max_array_len=10_000_000)
+    except Exception as exc:  # msgpack raises several unrelated types for bad bytes (nesting too deep included)
         raise ValueError(f"not msgpack: {exc}") from exc
     if not isinstance(raw, (list, tuple)) or len(raw) < 2 or not isinstance(raw[1], (list, tuple)):
         raise ValueError("not a KVEventBatch")
-    try:
-        ts = float(raw[0])
-    except (TypeError, ValueError):
-        raise ValueError("not a KVEventBatch: its timestamp is not a number") from None
+    if type(raw[0]) not in (int, float):
+        raise ValueError("not a KVEventBatch: its timestamp is not a number")
+    ts = float(raw[0])
     rank = raw[2] if len(raw) > 2 else None
     return KVEventBatch(ts, [_event(e) for e in raw[1]], rank)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -29,14 +30,18 @@ def free_port() -> int:
 class Proc:
     """One subprocess and its log file."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: str, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, name: str, argv: Sequence[str], log_path: str, env: Mapping[str, str] | None = None,
+                 *, group: bool = False) -> None:
+        """``group``: the process leads a process group of its own, and stopping it stops the whole group (a
+        server that starts worker processes of its own, as SGLang does, leaves none behind)."""
         self.name = name
         self.log_path = log_path
+        self.group = group
         self._log = open(log_path, "wb")
         try:
             self.popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=self._log,
                                           stderr=subprocess.STDOUT,
-                                          env=None if env is None else dict(env))
+                                          env=None if env is None else dict(env), start_new_session=group)
         except OSError as exc:
             self._log.close()
             raise BenchProcessError(f"{name}: cannot start {argv[0]}: {exc}") from exc
@@ -62,15 +67,27 @@ class Proc:
             raise BenchProcessError(f"{self.name} exited with status {self.popen.returncode}; "
                                     f"log tail:\n{self.tail()}")
 
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the process (to its whole group when it leads one)."""
+        try:
+            if self.group:
+                os.killpg(self.popen.pid, sig)
+            else:
+                self.popen.send_signal(sig)
+        except ProcessLookupError:  # gone already
+            pass
+
     def stop(self, grace: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds."""
+        """SIGTERM, then SIGKILL after ``grace`` seconds (to the group's every process when it leads one)."""
         if self.alive():
-            self.popen.terminate()
+            self.signal(signal.SIGTERM)
             try:
                 self.popen.wait(grace)
             except subprocess.TimeoutExpired:
-                self.popen.kill()
+                self.signal(signal.SIGKILL)
                 self.popen.wait(10)
+        if self.group:
+            self.signal(signal.SIGKILL)  # children the leader left behind
         self._log.close()
 
 
@@ -81,9 +98,10 @@ class Processes:
         self.dir = tempfile.mkdtemp(prefix="agent-cache-procs-")
         self._procs: list[Proc] = []
 
-    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Proc:
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None, *,
+              group: bool = False) -> Proc:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-        proc = Proc(name, argv, os.path.join(self.dir, safe + ".log"), env)
+        proc = Proc(name, argv, os.path.join(self.dir, safe + ".log"), env, group=group)
         self._procs.append(proc)
         return proc
 

@@ -169,3 +169,12 @@ def test_the_circle_finder_names_a_circle_and_its_import_rules_hold() -> None:
 def test_no_import_circles_among_agent_cache_modules() -> None:
     circles = [c for c in _circles(_import_graph()) if frozenset(c) not in ALLOWED_CIRCLES]
     assert circles == [], "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_nothing_on_a_calls_path_imports_the_sglang_harness() -> None:
+    """The real-SGLang harness serves tests and the benchmark; the product never needs it."""
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith(("sglang_cpu/", "bench/")) or rel == "cli.py":
+            continue
+        assert not any(m.startswith("agent_cache.sglang_cpu") for m in _imports(path)), rel

@@ -20,6 +20,7 @@ from agent_cache.errors import (
     StreamError,
     WorkerAbortedError,
     WorkerBadRequestError,
+    WorkerRefusedError,
     WorkerRateLimitError,
     WorkerServerError,
 )
@@ -320,6 +321,11 @@ def error_message(body: bytes | str) -> str:
     return str(data)[:500]
 
 
+# a worker's refusal, not a verdict on the request's content: an API key, a path or a method the worker
+# does not take (errors.WorkerRefusedError)
+REFUSAL_STATUSES = (401, 403, 404, 405)
+
+
 def http_error(status: int, body: bytes | str, url: str) -> BackendError:
     """Map an HTTP error status and SGLang error body to our error class."""
     message = f"HTTP {status}: {error_message(body)}"
@@ -329,6 +335,8 @@ def http_error(status: int, body: bytes | str, url: str) -> BackendError:
         return WorkerServerError(message, url=url, status=status)
     if status == 400 and _CONTEXT_RE.search(message):
         return ContextLengthError(message, url=url, status=status)
+    if status in REFUSAL_STATUSES:
+        return WorkerRefusedError(message, url=url, status=status)
     return WorkerBadRequestError(message, url=url, status=status)
 
 

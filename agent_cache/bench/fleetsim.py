@@ -124,13 +124,14 @@ class _Sess:
         self.head_end: dict[str, int] = {}  # template -> where its first call's own first message ends
 
     def reusable(self, template: str, prompt: list[int]) -> int:
-        """Tokens of ``prompt`` that this session's previous call of ``template`` computed (prompt + output)."""
+        """Tokens of ``prompt`` that this session's previous call of ``template`` computed (its prompt and its
+        output but the last token, which is sampled and never run through the model)."""
         prev = self.history.get(template)
         if prev is None:
             return 0
         n = common_prefix(prompt, prev[0])
         if n == len(prev[0]):
-            n += common_prefix(prompt[n:], prev[1])
+            n += common_prefix(prompt[n:], prev[1][:-1])
         return n
 
 

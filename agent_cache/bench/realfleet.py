@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Sequence
 import httpx
 
 from agent_cache.errors import BenchProcessError
-from agent_cache.processes import Proc, Processes, free_port, wait_until  # noqa: F401  (re-exported)
+from agent_cache.processes import Proc as Proc, Processes as Processes, free_port as free_port, wait_until as wait_until  # noqa: E501  (re-exported)
 
 MODEL = "sim-llama-3.1-8b"  # the simulated workers' served model name (their default)
 

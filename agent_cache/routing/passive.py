@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from agent_cache.errors import BackendError, WorkerConnectionError
+from agent_cache.errors import BackendError, WorkerConnectionError, WorkerRefusedError
 from agent_cache.routing.config import WorkerConfig
 from agent_cache.routing.degraded import logger
 from agent_cache.routing.health import HealthTracker
@@ -29,7 +29,9 @@ class PassiveHealth:
         # A refused connection is proof enough; other errors must repeat to open the breaker, and open
         # no more than the pool's share of breakers (see agent_cache.routing.health)
         pool = [w.url for w in self._workers() if w.pool == placement.pool]
-        if self.health.failure(placement.worker, hard=isinstance(exc, WorkerConnectionError), pool=pool):
+        # a refusal another worker did not share (a wrong key or path) is as much proof as a refused connection
+        hard = isinstance(exc, (WorkerConnectionError, WorkerRefusedError))
+        if self.health.failure(placement.worker, hard=hard, pool=pool):
             logger.warning("worker %s marked unhealthy: %s", placement.worker, exc)
             self.metrics.healthy.labels(placement.worker).set(0)
         self.metrics.failovers.labels(placement.worker).inc()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -84,7 +85,7 @@ class RealWorkers:
             argv += ["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": endpoint,
                                                        "replay_endpoint": replay, "topic": KV_TOPIC})]
         env = self._env()
-        proc = self.procs.start(f"sglang-{self.installed.version}-{port}", argv, env)
+        proc = self.procs.start(f"sglang-{self.installed.version}-{port}", argv, env, group=True)
         return RealWorker(f"http://127.0.0.1:{port}", port, proc, max_total_tokens, page_size, endpoint, replay,
                           argv, env)
 
@@ -103,15 +104,15 @@ class RealWorkers:
         wait_until(healthy, [worker.proc], f"SGLang {self.installed.version} at {worker.url}", timeout)
 
     def kill(self, worker: RealWorker) -> None:
-        """Stop one server at once (SIGKILL), as a crash would."""
-        worker.proc.popen.kill()
+        """Stop one server at once (SIGKILL to all its processes), as a crash would."""
+        worker.proc.signal(signal.SIGKILL)
         worker.proc.popen.wait(30)
 
     def restart(self, worker: RealWorker, timeout: float = STARTUP_TIMEOUT_S) -> None:
         """Start a stopped server again on the same port and endpoints, and wait until it is healthy."""
         if worker.proc.alive():
             self.procs.stop(worker.proc)
-        worker.proc = self.procs.start(worker.proc.name + "-again", worker.argv, worker.env)
+        worker.proc = self.procs.start(worker.proc.name + "-again", worker.argv, worker.env, group=True)
         self.wait_healthy(worker, timeout)
 
     def close(self) -> None:

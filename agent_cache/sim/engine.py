@@ -60,6 +60,7 @@ class WorkerOptions:
             chunked_prefill_size=self.chunked_prefill_size, max_prefill_tokens=self.max_prefill_tokens,
             max_running_requests=self.max_running_requests, latency=self.latency,
             enable_kv_events=bool(self.kv_events_config), kv_event_format=version.kv_event_format,
+            finished_drops_last_token=version.has("finished_drops_last_token"),
         )
 
 

@@ -89,6 +89,7 @@ class SchedulerConfig:
     max_running_requests: int | None = None  # None: as SGLang derives it
     latency: LatencyModel = DEFAULT_LATENCY
     enable_kv_events: bool = False  # the radix cache queues SGLang's KV events (--kv-events-config)
+    finished_drops_last_token: bool = True  # what a finished request leaves in the tree (sim/versions.py)
     # as the release simulated publishes them (default: the newest the simulator knows)
     kv_event_format: EventFormat = field(default_factory=lambda: SGLangVersion.parse(LATEST_VERSION).kv_event_format)
 
@@ -477,11 +478,12 @@ class WorkerModel:
             req._node = None
 
     def _finish(self, req: SimRequest, now: float) -> None:
-        """``cache_finished_req``: prompt and output but the last token go into the tree, unlocked."""
+        """``cache_finished_req``: prompt and output go into the tree (but the last token, from 0.5.23), unlocked."""
         req.done_at = now
         self._batch_full = False
         if req in self.running:
             self.running.remove(req)
-        # SGLang inserts the tokens whose KV was computed (``kv_committed_len``): all but the last output
-        # token, which was sampled and never run through the model
-        self._release(req, keep=(list(req.prompt) + list(req.output))[:-1])
+        # SGLang 0.5.23 inserts the tokens whose KV was computed: all but the last output token, which was
+        # sampled and never run through the model; 0.5.9 inserts that one too
+        keep = list(req.prompt) + list(req.output)
+        self._release(req, keep=keep[:-1] if self.config.finished_drops_last_token else keep)

@@ -21,7 +21,7 @@ LATEST_VERSION = SUPPORTED_VERSIONS[-1]
 Feature = Literal[
     "plain_info_routes", "v1_loads", "tokenize", "extra_key", "lfu_hits", "zero_cached_tokens", "retractions",
     "output_delta", "kv_chain_hashes", "kv_medium", "kv_merged_removes", "kv_merged_stores", "kv_event_maps",
-    "kv_replay_topic",
+    "kv_replay_topic", "finished_drops_last_token",
 ]
 
 # feature -> the first and last 0.5.<minor> release that has it (None: every later one)
@@ -43,6 +43,10 @@ FEATURES: dict[Feature, tuple[int, int | None]] = {
     "kv_merged_stores": (18, None),  # a store continuing the previous one merged into it
     "kv_event_maps": (20, None),  # events as maps tagged by ``type``
     "kv_replay_topic": (22, None),  # replay answers carry the topic frame
+    # A finished request leaves its prompt and output in the tree but the last output token (whose KV is
+    # never computed). Measured against real servers (tests/sglang/test_sim_differential.py): 0.5.23 drops
+    # it, 0.5.9 keeps it; the releases between were not run and are taken as 0.5.9.
+    "finished_drops_last_token": (23, None),
 }
 
 

@@ -19,7 +19,8 @@ def test_workers_start_on_any_release_and_count_their_cached_tokens(version: str
         assert warm is not None and warm > 0  # the warm-up call's prompt and output stay cached
         r = httpx.post(url + "/generate", json={"input_ids": list(range(500)), "sampling_params": {"max_new_tokens": 4}})
         r.raise_for_status()
-        assert workers.kv_tokens() == warm + 500 + 4
+        # the prompt and the output stay cached, from 0.5.23 but the last output token (never computed)
+        assert workers.kv_tokens() == warm + 500 + (3 if version == "0.5.23" else 4)
         if version == "0.5.23":
             loads = httpx.get(url + "/v1/loads").json()["loads"][0]
             assert loads["num_used_tokens"] == 0  # what running requests hold: nothing runs now

@@ -70,3 +70,39 @@ def test_a_bad_request_is_refused_by_the_real_server_as_a_bad_request(real_pair:
 
     with SGLangClient(real_pair[1].url) as client, pytest.raises(WorkerBadRequestError):
         client.chat([{"role": "user", "content": "x"}], model=MODEL, **bad)
+
+
+def _group_alive(pgid: int) -> bool:
+    import os
+
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return any(  # zombies still count as members until reaped: only living ones matter
+        open(f"/proc/{pid}/stat").read().split(") ")[1][0] != "Z"
+        for pid in os.listdir("/proc") if pid.isdigit() and _pgid(int(pid)) == pgid)
+
+
+def _pgid(pid: int) -> int | None:
+    import os
+
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def test_a_killed_or_stopped_server_leaves_none_of_its_processes(engine) -> None:  # type: ignore[no-untyped-def]
+    """SGLang starts a scheduler and a detokenizer of its own: a crash (kill) and a stop take them all."""
+    from agent_cache.sglang_cpu.workers import RealWorkers
+
+    with RealWorkers(engine) as fleet:
+        (worker,) = fleet.start(1, max_total_tokens=2048)
+        first = worker.proc.pid
+        fleet.kill(worker)
+        assert not _group_alive(first)
+        fleet.restart(worker)
+        second = worker.proc.pid
+        assert _group_alive(second)
+    assert not _group_alive(second)

@@ -1,11 +1,13 @@
 """The simulator held to real SGLang: the same agent replay on one simulated and one real worker.
 
 Four agent sessions that share a template, interleaved, six steps each, every step resending the history
-with the previous answer and a new observation, as token ids through ``/generate`` (so tokenizers are out
-of the comparison: what is compared is the cache). Both workers have the same pool, page size and release;
-the answer tokens are the real worker's, sent to both. Compared per call: ``cached_tokens``; per step: the
-tokens resident, counted from each worker's own KV events. Once with room for everything, once with a
-pool that forces evictions.
+with a new observation, as token ids through ``/generate`` (so tokenizers are out of the comparison: what
+is compared is the cache). Each call generates one token, which each worker samples itself (a random-weight
+model and the simulator do not agree on it), so the history carries no answer: what each worker keeps of
+its own answer shows in the resident count (SGLang 0.5.9 keeps the last output token in the tree, 0.5.23
+does not). Both workers have the same pool, page size and release. Compared per call: ``cached_tokens``;
+after each step: the tokens resident, counted from each worker's own KV events. Once with room for
+everything, once with a pool that forces evictions.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ def _replay_agents(real: RealWorker, sim_url: str, sim_replay: str, seed: int) -
                 got_sim = client.post(sim_url + "/generate", json=body).json()
                 calls.append((got_real["meta_info"]["cached_tokens"], got_sim["meta_info"]["cached_tokens"],
                               len(prompts[s])))
-                answer = got_real.get("output_ids") or [rng.randrange(10, 4000)]
-                prompts[s] = prompts[s] + list(answer) + [rng.randrange(10, 4000) for _ in range(40)]
+                assert got_sim["meta_info"]["completion_tokens"] == got_real["meta_info"]["completion_tokens"] == 1
+                prompts[s] = prompts[s] + [rng.randrange(10, 4000) for _ in range(40)]
             wait_idle(real.url)
             real_resident, size, _ = _raw_resident(real.kv_replay_endpoint or "")
             sim_resident, sim_size, _ = _raw_resident(sim_replay)
