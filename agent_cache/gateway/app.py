@@ -48,7 +48,7 @@ from agent_cache.gateway import access_log, authz
 from agent_cache.gateway.admin import Admin, fleet_for
 from agent_cache.gateway.config import GatewayConfig
 from agent_cache.gateway.keys import ApiKey, key_digest
-from agent_cache.gateway.ratelimit import RateLimits
+from agent_cache.gateway.ratelimit import RateLimits, Reservation, reservation_tokens
 from agent_cache.gateway.readiness import ready_response
 from agent_cache.gateway.asgi import Once, within
 from agent_cache.gateway.forward import SESSION_HEADER, WORKER_HEADER, Forward
@@ -219,7 +219,8 @@ class Gateway:
                                             f"(concurrency={grant.concurrency} in the keys file)",
                                        code="concurrency_limit_exceeded", retry_after=1)
 
-    def _release(self, grant: ApiKey) -> None:
+    def _release(self, grant: ApiKey, reserved: Reservation | None) -> None:
+        self.limits.settle(grant, reserved)  # the call's tokens, whatever way it ended
         held = self._tenant_inflight.pop(grant.tenant, 1) - 1
         if held > 0:
             self._tenant_inflight[grant.tenant] = held
@@ -231,16 +232,20 @@ class Gateway:
     async def proxy(self, request: Request, path: str, send: Send) -> Response | None:
         """Serve one proxied call; the response to send, or None once it was sent."""
         try:  # checked before a slot is taken: a slow or bad client holds none
-            call, grant = await self._prepare(request, path)
-            self._admit(grant)
+            call, grant, reserved = await self._prepare(request, path)
         except Exception as exc:  # every failure becomes an OpenAI-style error body
             return self._count(path, _error_for(exc, path))
-        release = Once(functools.partial(self._release, grant))
+        try:
+            self._admit(grant)
+        except Exception as exc:
+            self.limits.settle(grant, reserved)  # nothing was sent: the reservation goes back
+            return self._count(path, _error_for(exc, path))
+        release = Once(functools.partial(self._release, grant, reserved))
         try:
             if call.stream:
-                response = await self.forward.stream(request, call, grant, release)
+                response = await self.forward.stream(request, call, grant, release, reserved)
             else:
-                answered = await self.forward.whole(request, call, grant, send)
+                answered = await self.forward.whole(request, call, grant, send, reserved)
                 if answered is None:
                     self.metrics.requests.labels(path, "200").inc()
                     response = None
@@ -257,7 +262,7 @@ class Gateway:
         self.metrics.requests.labels(path, str(response.status_code)).inc()
         return response
 
-    async def _prepare(self, request: Request, path: str) -> tuple[Call, ApiKey]:
+    async def _prepare(self, request: Request, path: str) -> tuple[Call, ApiKey, Reservation | None]:
         tracing.continue_incoming(request.headers)  # the caller's traceparent parents the call's span
         grant = self.authorize(request)
         try:
@@ -268,13 +273,14 @@ class Gateway:
         work = functools.partial(self._prepared, request, path, grant, raw)
         # a large body's parsing, checks and templating take seconds of CPU (20 MB: up to 15 s): off
         # the event loop, so every other call, deadline and health probe goes on meanwhile
-        call = work() if len(raw) <= INLINE_BODY_BYTES else await asyncio.to_thread(work)
+        call, reserve = work() if len(raw) <= INLINE_BODY_BYTES else await asyncio.to_thread(work)
         self._check_concurrency(grant)  # checked again as the slot is taken (after the await below)
-        await self.limits.admit(grant)  # last: a request refused for another reason is not counted
-        return call, grant
+        verdict = await self.limits.admit(grant, reserve)  # last: a request refused for another reason is not counted
+        return call, grant, verdict.reservation if verdict is not None else None
 
-    def _prepared(self, request: Request, path: str, grant: ApiKey, raw: bytes) -> Call:
-        """A read body made a :class:`Call`: CPU alone, on the event loop or a thread."""
+    def _prepared(self, request: Request, path: str, grant: ApiKey, raw: bytes) -> tuple[Call, int]:
+        """A read body made a :class:`Call`, with the tokens it may use: CPU alone, on the event loop or a
+        thread."""
         body, checked = parse_json_body(raw)
         infer: Callable[[], str] | None = None
         if path == CHAT and self.config.infer_sessions and isinstance(body.get("messages"), list):
@@ -283,11 +289,12 @@ class Gateway:
                 infer = lambda: conversation_session(messages)  # noqa: E731 - computed only when needed
         session = find_session(request.headers, self.config.session_header, body, infer)
         authz.check_fields(grant, body)
-        return prepare(path, body, grant=grant, extra_key=self.router.extra_key_for(grant.tenant), session=session,
+        call = prepare(path, body, grant=grant, extra_key=self.router.extra_key_for(grant.tenant), session=session,
                        templater=self.templater(grant.tenant) if path == CHAT else None,
                        pool=authz.choose_pool(grant, request.headers.get(POOL_HEADER)),
                        extra_fields=self.config.extra_fields, shared=self.config.api_keys is not None,
                        checked_json=checked)
+        return call, reservation_tokens(body, len(raw))
 
     # --- the gateway's own endpoints --------------------------------------------------
 

@@ -32,7 +32,7 @@ from agent_cache.errors import ResponseMismatchError
 from agent_cache.gateway import access_log, authz
 from agent_cache.gateway.asgi import EventStream, Once, send_json, unless_client_leaves
 from agent_cache.gateway.keys import ApiKey
-from agent_cache.gateway.ratelimit import RateLimits
+from agent_cache.gateway.ratelimit import RateLimits, Reservation
 from agent_cache.gateway.session_header import echoed
 from agent_cache.routing.lifecycle import RETRY_BACKOFF, Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, Router
@@ -103,7 +103,8 @@ class Forward:
         return attempts.astream(self.transport, call, attempt, deadlines=self.router.first_byte, cap=self.timeout,
                                 first_attempt=len(tries) == 1, early=early, whole_ok=not call.stream)
 
-    async def whole(self, request: Request, call: Call, grant: ApiKey, send: Send) -> Response | None:
+    async def whole(self, request: Request, call: Call, grant: ApiKey, send: Send,
+                    reserved: Reservation | None = None) -> Response | None:
         """A call whose client wants the whole answer; None once it was sent."""
         early = self._send_early(call)
         answered = False
@@ -129,7 +130,9 @@ class Forward:
                 attempt.usage = usage_of(json_object(raw, placement.worker), call.path)
             answered = True  # succeeded: nothing is retried, and a client leaving now cancels nothing
             await send_json(send, raw, self.headers(placement, call, grant))
-            self.limits.charge(grant, attempt.usage)
+            if reserved is not None:
+                reserved.delivered = True
+                reserved.spent(attempt.usage)
             self.served(call, placement)
             return
             yield  # an async generator that yields nothing
@@ -146,7 +149,8 @@ class Forward:
                 self.transport.drop(early)
         return Response(status_code=CLIENT_CLOSED) if outcome is None else None
 
-    async def stream(self, request: Request, call: Call, grant: ApiKey, release: Once) -> Response:
+    async def stream(self, request: Request, call: Call, grant: ApiKey, release: Once,
+                     reserved: Reservation | None = None) -> Response:
         """Start the stream once the first event arrived (an attempt failing before that moves on)."""
         life = self._lifecycle(call)
         tries: list[Placement] = []
@@ -163,8 +167,12 @@ class Forward:
             sent, early = self._confirm(early, attempt.placement.worker), None
             async for event in self._events(call, attempt, tries, sent):
                 attempt.delivered = True  # from here on a retry would repeat output
+                if reserved is not None:
+                    reserved.delivered = True
+                    reserved.spent(attempt.usage)  # the usage event may come before the end
                 yield event.raw
-            self.limits.charge(grant, attempt.usage)
+            if reserved is not None:
+                reserved.spent(attempt.usage)
 
         events = life.astream(sender)
         status = {"label": "200"}

@@ -3,10 +3,18 @@
 Every gateway replica of a deployment counts in the same Redis script
 (``store/lua/ratelimit.lua``): a sliding window of the last 60 one-second
 buckets per tenant, on Redis's clock. A request is counted when it is
-admitted; its tokens (prompt and completion, as the worker reported them)
-are charged when the call has finished, so a call can take a tenant past its
-``tpm``: the tenant is then in debt and its calls are refused until the
-window is under the limit again.
+admitted, and so are the tokens it may use (its *reservation*,
+:func:`reservation_tokens`: the request body's bytes / 4 for the prompt, plus
+its ``max_tokens``, or ``DEFAULT_OUTPUT_RESERVED`` without one). A call is
+admitted while the tenant's window is under ``tpm``, so calls admitted at
+once, or streams closed before their end, take a tenant past ``tpm`` by at
+most one call's reservation. When the call ends, whatever way, it is settled
+(:meth:`RateLimits.settle`): its reservation is replaced by the tokens it
+used as the worker reported them; a call that ended without a report keeps
+its whole reservation if it sent any output (a stream the client closed),
+and gives it all back if it sent none (it failed first). A tenant past its
+limit is in debt: its calls are refused until the window is under the limit
+again.
 
 When Redis is away (or before it ever answered) each replica enforces its
 share alone: the limit divided by the number of live replicas it last
@@ -25,7 +33,7 @@ import logging
 import math
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agent_cache.backends.protocol import Usage
@@ -40,6 +48,44 @@ REPLICA_TTL = 30.0  # seconds a replica counts as live after its last call throu
 AWAY_BACKOFF = 1.0  # seconds between tries of a Redis that did not answer
 SOCKET_TIMEOUT = 0.25
 SCRIPT = lua.script("ratelimit")
+DEFAULT_OUTPUT_RESERVED = 1_024  # tokens reserved for the output of a call that sets no max_tokens
+PROMPT_BYTES_PER_TOKEN = 4  # the prompt's reservation: the body's bytes / 4 (more than the prompt's tokens)
+
+
+def reservation_tokens(body: Any, body_bytes: int) -> int:
+    """What a call may use of its tenant's ``tpm``: the request body's bytes / 4 for the prompt (the JSON
+    around it makes this more than the prompt's tokens), plus the output it asks for at most."""
+    out = None
+    if isinstance(body, dict):
+        params = body.get("sampling_params")
+        for value in (body.get("max_completion_tokens"), body.get("max_tokens"),
+                      params.get("max_new_tokens") if isinstance(params, dict) else None):
+            if type(value) is int and value >= 0:
+                out = value
+                break
+    return body_bytes // PROMPT_BYTES_PER_TOKEN + (DEFAULT_OUTPUT_RESERVED if out is None else out)
+
+
+@dataclass
+class Reservation:
+    """Tokens one call holds against its tenant's ``tpm`` from its admission until it is settled."""
+
+    tokens: int
+    local_second: int  # the bucket of this replica's window it went to
+    redis_second: int | None  # the bucket of Redis's window (None: Redis was away, this replica's only)
+    used: int | None = None  # what the worker reported the call used
+    delivered: bool = False  # output reached the client
+    settled: bool = False
+
+    def spent(self, usage: Usage | None) -> None:
+        if usage is not None:
+            self.used = usage.total_tokens
+
+    def actual(self) -> int:
+        """What to charge: the worker's report; without one, all of it once output went out, else none."""
+        if self.used is not None:
+            return self.used
+        return self.tokens if self.delivered else 0
 
 
 class _Window:
@@ -70,6 +116,14 @@ class _Window:
     def add(self, now: float, n: int) -> None:
         self.buckets[int(now)] = self.buckets.get(int(now), 0) + n
 
+    def settle(self, second: int, delta: int, used: int, now: float) -> None:
+        """A reservation put in bucket ``second`` corrected by ``delta``; gone from the window, ``used`` is
+        counted now instead."""
+        if second > int(now) - WINDOW:
+            self.buckets[second] = self.buckets.get(second, 0) + delta
+        elif used > 0:
+            self.add(now, used)
+
 
 @dataclass(frozen=True)
 class LimitState:
@@ -99,6 +153,7 @@ class Verdict:
     requests: LimitState | None
     tokens: LimitState | None
     local: bool = False
+    reservation: "Reservation | None" = None  # the tokens an admitted call holds of the tenant's tpm
 
     def retry_after(self) -> int:
         """Whole seconds until the limits that refused the call are under their limits (at least 1)."""
@@ -145,20 +200,25 @@ class RateLimits:
 
     # --- the gateway's two hooks ----------------------------------------------------------
 
-    async def admit(self, grant: ApiKey) -> Verdict | None:
-        """Count one call of the key's tenant, or raise a 429 :class:`RequestRejectedError`;
-        None for a key without limits."""
+    async def admit(self, grant: ApiKey, reserve: int = 0) -> Verdict | None:
+        """Count one call of the key's tenant and reserve ``reserve`` tokens of its ``tpm``
+        (:func:`reservation_tokens`; the verdict's ``reservation``, to settle when the call ends), or raise a
+        429 :class:`RequestRejectedError`; None for a key without limits."""
         if grant.rpm is None and grant.tpm is None:
             return None
-        verdict = await self._shared("admit", grant, 0)
+        tokens = max(0, reserve) if grant.tpm is not None else 0
+        shared = await self._shared("admit", grant, tokens)
         mine = self._windows(grant.tenant)
         now = time.time()
-        if verdict is None:
-            verdict = self._share(grant, now)
-        if verdict.admitted and grant.rpm is not None:
-            mine[0].add(now, 1)
+        verdict = shared[0] if shared is not None else self._share(grant, now, tokens)
         if not verdict.admitted:
             raise _refusal(grant, verdict)
+        if grant.rpm is not None:
+            mine[0].add(now, 1)
+        if tokens:
+            mine[1].add(now, tokens)
+        if grant.tpm is not None:
+            verdict = replace(verdict, reservation=Reservation(tokens, int(now), shared[1] if shared else None))
         self._last[grant.tenant] = verdict
         return verdict
 
@@ -170,14 +230,19 @@ class RateLimits:
         verdict = self._last.get(grant.tenant)
         return verdict.headers() if verdict is not None else {}
 
-    def charge(self, grant: ApiKey | None, usage: Usage | None) -> None:
-        """Charge a finished call's tokens to its tenant (Redis's count is updated in the background)."""
-        if grant is None or grant.tpm is None or usage is None or usage.total_tokens <= 0:
+    def settle(self, grant: ApiKey | None, held: Reservation | None) -> None:
+        """The call ended, whatever way: its reservation replaced by what it used (once; Redis's window is
+        updated in the background)."""
+        if grant is None or grant.tpm is None or held is None or held.settled:
             return
-        self._windows(grant.tenant)[1].add(time.time(), usage.total_tokens)
-        if self.redis_url is None or time.monotonic() < self._away_until:
+        held.settled = True
+        used = held.actual()
+        delta = used - held.tokens
+        self._windows(grant.tenant)[1].settle(held.local_second, delta, used, time.time())
+        if held.redis_second is None or self.redis_url is None or time.monotonic() < self._away_until:
             return
-        task = asyncio.get_running_loop().create_task(self._shared("charge", grant, usage.total_tokens))
+        task = asyncio.get_running_loop().create_task(
+            self._shared("settle", grant, delta, settle=(held.redis_second, used)))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
@@ -196,7 +261,7 @@ class RateLimits:
             found = self._local[tenant] = (_Window(), _Window())
         return found
 
-    def _share(self, grant: ApiKey, now: float) -> Verdict:
+    def _share(self, grant: ApiKey, now: float, reserve: int) -> Verdict:
         requests, tokens = self._windows(grant.tenant)
         share = max(1, self.replicas)
         r = requests.state(now, max(1, grant.rpm // share)) if grant.rpm is not None else None
@@ -204,12 +269,16 @@ class RateLimits:
         admitted = not (r is not None and r.reached) and not (t is not None and t.reached)
         if admitted and r is not None:  # this call counts: the headers say what is left after it
             r = LimitState(r.limit, r.used + 1, r.until_under, WINDOW - (now - int(now)))
+        if admitted and t is not None and reserve:  # and so does its reservation
+            t = LimitState(t.limit, t.used + reserve, t.until_under, WINDOW - (now - int(now)))
         return Verdict(admitted, r, t, local=True)
 
     # --- Redis's window -----------------------------------------------------------------
 
-    async def _shared(self, op: str, grant: ApiKey, tokens: int) -> Verdict | None:
-        """Run the script; None while Redis is away (this replica then decides alone)."""
+    async def _shared(self, op: str, grant: ApiKey, tokens: int,
+                      settle: tuple[int, int] = (0, 0)) -> tuple[Verdict, int] | None:
+        """Run the script: the verdict and Redis's second; None while Redis is away (this replica then
+        decides alone). ``settle``: the second a settled call was admitted in, and what it used."""
         if self.redis_url is None or time.monotonic() < self._away_until:
             return None
         member = keys.member(grant.tenant, "")
@@ -218,7 +287,7 @@ class RateLimits:
             raw = await script(keys=[f"{self._tag}:rl:r:{member}", f"{self._tag}:rl:t:{member}",
                                      f"{self._tag}:rl:replicas"],
                                args=[op, grant.rpm or 0, grant.tpm or 0, tokens, self.replica,
-                                     int(REPLICA_TTL * 1000)])
+                                     int(REPLICA_TTL * 1000), *settle])
         except Exception as exc:  # redis-py's errors, sockets' OSError: Redis is away for now
             self._went_away(exc)
             return None
@@ -229,7 +298,7 @@ class RateLimits:
         self.replicas = max(1, values[7])
         r = LimitState(grant.rpm, values[1], values[2] / 1000, values[3] / 1000) if grant.rpm else None
         t = LimitState(grant.tpm, values[4], values[5] / 1000, values[6] / 1000) if grant.tpm else None
-        return Verdict(bool(values[0]), r, t)
+        return Verdict(bool(values[0]), r, t), values[8]
 
     def _get_script(self) -> Any:
         loop = asyncio.get_running_loop()
@@ -266,4 +335,4 @@ def _refusal(grant: ApiKey, verdict: Verdict) -> RequestRejectedError:
         code="rate_limit_exceeded", retry_after=wait, headers=verdict.headers())
 
 
-__all__ = ["LimitState", "RateLimits", "Verdict", "duration"]
+__all__ = ["LimitState", "RateLimits", "Reservation", "Verdict", "duration", "reservation_tokens"]

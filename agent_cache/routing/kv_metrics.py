@@ -63,6 +63,7 @@ class _KvCollector(Collector):
             ("sessions_adopted", "sessions' fingerprints other router processes learnt, adopted here"),
             ("session_shares_dropped", "sessions' fingerprints not appended (the queue full, the store away)"),
             ("session_share_resets", "times every session's fingerprints were forgotten: shared ones may be missed"),
+            ("session_records_skipped", "records of the sessions' stream that were not a session's (skipped)"),
             ("snapshots_written", "workers' resident runs written to the store for the other router processes"),
             ("snapshots_installed", "workers unknown here taken up from another router process's snapshot"),
             ("snapshots_failed", "snapshot writes or reads the store did not answer"))}
@@ -92,6 +93,7 @@ class _KvCollector(Collector):
                     values["sessions_adopted"] += learner.share.adopted
                     values["session_shares_dropped"] += learner.share.dropped
                     values["session_share_resets"] += learner.share.resets
+                    values["session_records_skipped"] += learner.share.bad
             if prewarming is not None:
                 c = prewarming.prewarmer.counts
                 values["prewarms"] += c.prewarms

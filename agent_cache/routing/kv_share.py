@@ -114,6 +114,11 @@ class KvShare:
                 failing = True
                 self._stop.wait(RETRY_AFTER)
                 continue
+            except Exception as exc:  # a stream entry the client cannot even read: never the reader's end
+                self.bad += 1
+                log.warning("the sessions' stream could not be read (%s: %s)", type(exc).__name__, str(exc)[:120])
+                self._stop.wait(RETRY_AFTER)
+                continue
             if failing or (since != OLDEST and (not found or found[0][0] != since)):
                 # records may have been missed (the store away, or the stream trimmed past the last one read):
                 # known sessions may be stale, so none is known; then everything the stream holds is read again
@@ -131,8 +136,12 @@ class KvShare:
                 self._stop.wait(self.poll)
 
     def _adopt(self, raw: str, own_too: bool) -> None:
+        """Adopt one record; one that is not what ``_append`` writes (any other process may write the stream)
+        is counted, logged once and skipped."""
         try:
             record = json.loads(raw)
+            if not isinstance(record, list) or len(record) not in (4, 8):
+                raise ValueError("not a session record")
             source, tenant, session_id, at = str(record[0]), str(record[1]), str(record[2]), float(record[3])
             if source == self.source and not own_too:
                 return
@@ -142,8 +151,12 @@ class KvShare:
                 worker, tail, head, head_text = str(record[4]), record[5], record[6], int(record[7])
                 self.state.adopt_session(tenant, session_id, SessionPrint(
                     worker, tuple(int(a) for a in tail), tuple(int(a) for a in head), head_text, at))
-        except (ValueError, TypeError, IndexError):
+        except (ValueError, TypeError, IndexError, KeyError, RecursionError) as exc:
             self.bad += 1
+            if self.bad == 1:
+                log.warning("a record of the sessions' stream was skipped (%s: %s); counted in "
+                            "agent_cache_kv_session_records_skipped_total, not logged again", type(exc).__name__,
+                            str(exc)[:120])
             return
         self.adopted += source != self.source
 

@@ -25,11 +25,11 @@ def fleet() -> Iterator[SimFleet]:
         yield f
 
 
-def _replicas(procs: Processes, fleet: SimFleet, redis_url: str, keys: str, tmp_path) -> list[str]:
+def _replicas(procs: Processes, fleet: SimFleet, redis_url: str, keys: str, tmp_path, *extra: str) -> list[str]:
     path = tmp_path / "keys"
     path.write_text(keys)
     gw = AgentCacheGateways(procs, fleet.urls, redis_url=redis_url, count=2,
-                            args=["--prefix", f"t-{uuid.uuid4().hex[:10]}", "--api-keys", str(path)])
+                            args=["--prefix", f"t-{uuid.uuid4().hex[:10]}", "--api-keys", str(path), *extra])
     return [u + "/v1/chat/completions" for u in gw.urls]
 
 
@@ -105,8 +105,10 @@ def test_the_script_and_the_local_share_agree_on_a_window(redis_url):
             assert (await limits.admit(other)) is not None
         debtor = ApiKey("c", tpm=50)
         for limits in (shared, alone):
-            assert await limits.admit(debtor)
-            limits.charge(debtor, Usage(40, 20))
+            admitted = await limits.admit(debtor)
+            assert admitted is not None and admitted.reservation is not None
+            admitted.reservation.spent(Usage(40, 20))
+            limits.settle(debtor, admitted.reservation)
             await asyncio.sleep(0.05)  # the shared charge is written in the background
             with pytest.raises(RequestRejectedError) as refused:
                 await limits.admit(debtor)
@@ -156,3 +158,68 @@ def test_concurrency_bounds_one_tenants_calls_in_flight_and_no_other_tenants(pro
     assert sorted(b_statuses) == [200, 200, 429, 429], b_statuses
     assert a_statuses == [200, 200, 200]
     assert again.status_code == 200, again.text
+
+
+def _stream_cut(client: httpx.Client, url: str, key: str, events: int) -> tuple[int, int]:
+    """A stream of 300 tokens closed after ``events`` events: (status, content events read)."""
+    body = {**BODY, "max_tokens": 300, "stream": True, "stream_options": {"include_usage": True},
+            "sim_output": " word" * 400}  # the simulated worker says this (cut at max_tokens)
+    with client.stream("POST", url, json=body, headers={"authorization": f"Bearer {key}"}) as r:
+        if r.status_code != 200:
+            return r.status_code, 0
+        read = 0
+        for line in r.iter_lines():
+            if line.startswith("data: {") and '"content"' in line:
+                read += 1
+                if read >= events:
+                    break
+    return 200, read
+
+
+def test_streams_closed_before_their_end_cannot_pass_tpm(procs, fleet, redis_url, tmp_path):
+    """Each call reserves its prompt's bytes / 4 + max_tokens when admitted; a stream the client closes
+    before its usage event keeps its reservation, so cut streams stop at the limit plus one reservation."""
+    urls = _replicas(procs, fleet, redis_url, "sk-cut team-cut tpm=1000\n", tmp_path, "--extra-fields", "sim_output")
+    with httpx.Client(timeout=30) as client:
+        results = [_stream_cut(client, urls[i % 2], "sk-cut", events=290) for i in range(12)]
+    admitted = [read for status, read in results if status == 200]
+    assert [s for s, _ in results].count(429) >= 8, results
+    reservation = 300 + 2_100 // 4  # max_tokens, and the body's bytes / 4 (its sim_output is 2,000 bytes)
+    assert sum(admitted) <= 1000 + reservation, results  # before: 12 x 290 = 3,480 tokens delivered
+    print(f"\ncut streams: {len(admitted)} of 12 admitted, {sum(admitted)} tokens delivered (tpm 1000)")
+
+
+def test_concurrent_calls_cannot_pass_tpm_by_more_than_one_reservation(procs, fleet, redis_url, tmp_path):
+    urls = _replicas(procs, fleet, redis_url, "sk-par team-par tpm=300\n", tmp_path)
+    body = {**BODY, "max_tokens": 200}
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=30, headers={"authorization": "Bearer sk-par"}) as c:
+            return list(await asyncio.gather(*(c.post(urls[i % 2], json=body) for i in range(16))))
+
+    answers = asyncio.run(run())
+    used = sum(r.json()["usage"]["total_tokens"] for r in answers if r.status_code == 200)
+    assert used <= 300 + 200 + 40, [r.status_code for r in answers]  # before: 3,344 tokens (11x)
+    print(f"\nconcurrent calls: {16 - [r.status_code for r in answers].count(429)} of 16 admitted, {used} tokens")
+    assert [r.status_code for r in answers].count(429) >= 13
+
+
+def test_a_call_refused_or_failed_gives_its_reservation_back(redis_url):
+    async def run() -> None:
+        limits = RateLimits(redis_url, f"t-{uuid.uuid4().hex[:10]}")
+        grant = ApiKey("r", tpm=1000)
+        first = await limits.admit(grant, 600)
+        assert first is not None and first.reservation is not None and first.tokens.remaining == 400
+        limits.settle(grant, first.reservation)  # ended before any output: nothing charged
+        await asyncio.sleep(0.05)
+        second = await limits.admit(grant, 600)
+        assert second is not None and second.tokens.remaining == 400  # the first one's 600 came back
+        second.reservation.spent(Usage(100, 50))
+        limits.settle(grant, second.reservation)
+        limits.settle(grant, second.reservation)  # once only
+        await asyncio.sleep(0.05)
+        third = await limits.admit(grant, 0)
+        assert third is not None and third.tokens.used == 150
+        await limits.aclose()
+
+    asyncio.run(run())

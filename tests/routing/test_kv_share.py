@@ -139,3 +139,23 @@ def test_a_store_refusing_the_stream_commands_leaves_each_process_with_its_own_s
     time.sleep(0.2)
     assert (share_a.shared, b.sessions, a.sessions) == (0, 0, 1)
     assert share_b._thread.is_alive()  # still trying, once a second
+
+
+def test_records_that_are_not_a_sessions_are_skipped_and_the_reader_goes_on(redis_server, stack) -> None:
+    """Anyone with write access to the stream may append anything: each bad record is counted and skipped,
+    the reader lives, and a process started later reads past them too."""
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    admin = redis.Redis.from_url(redis_server.url)
+    stack.callback(admin.close)
+    key = keys.kv_sessions(prefix)
+    poison = ["{}", "[1, 2]", "[" * 100_000 + "]" * 100_000, "null", '["a", "t", "s", "not a time"]']
+    for record in poison:
+        admin.xadd(key, {"r": record})
+    admin.xadd(key, {"other": "field"})
+    a, share_a = _process(stack, redis_server.url, prefix)
+    rng = random.Random(5)
+    a.learn_session("acme", "s1", random_tokens(rng, 400), W0, at=1.0)
+    share_a.publish("acme", "s1", 1.0)
+    b, share_b = _process(stack, redis_server.url, prefix)
+    wait_until(lambda: b.session_print("acme", "s1") is not None, [], "the good record adopted", timeout=5.0)
+    assert share_b.bad == len(poison) + 1 and share_b._thread.is_alive() and share_a._thread.is_alive()

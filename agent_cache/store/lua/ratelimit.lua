@@ -2,12 +2,15 @@
 -- every gateway replica reads the same window.
 -- KEYS: the tenant's request buckets, its token buckets (hashes: second -> count), the replicas
 -- (sorted set: replica -> expiry, ms).
--- ARGV: op ("admit" or "charge"), rpm (0: none), tpm (0: none), tokens to charge, replica, replica TTL (ms).
+-- ARGV: op ("admit" or "settle"), rpm (0: none), tpm (0: none), tokens, replica, replica TTL (ms),
+-- and for settle: the second the call was admitted in, the tokens it really used.
 -- admit: refused while the requests of the window reach rpm or its tokens reach tpm (a tenant in
--- debt waits until the window is under the limit again); else one request is counted.
--- charge: a finished call's tokens are added to the current bucket.
+-- debt waits until the window is under the limit again); else one request is counted and ``tokens``
+-- (the call's reservation) are put in the current bucket at once.
+-- settle: the call ended; ``tokens`` (what it used less its reservation, negative for a refund) go to
+-- the bucket of its admission while that is in the window, else what it used goes to the current one.
 -- Returns {admitted (0/1), requests used, ms until under rpm, ms until the requests' window is empty,
--- tokens used, ms until under tpm, ms until the tokens' window is empty, live replicas}.
+-- tokens used, ms until under tpm, ms until the tokens' window is empty, live replicas, the second}.
 local WINDOW = 60
 local op, rpm, tpm, tokens = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local t = redis.call('TIME')
@@ -51,9 +54,17 @@ local function count(key, n)
   redis.call('PEXPIRE', key, (WINDOW + 1) * 1000)
 end
 
-if op == 'charge' then
-  if tokens > 0 then count(KEYS[2], tokens) end
-  return {1, 0, 0, 0, 0, 0, 0, replicas}
+if op == 'settle' then
+  local admitted_in, used = tonumber(ARGV[7]), tonumber(ARGV[8])
+  if admitted_in > sec - WINDOW then
+    if tokens ~= 0 then
+      redis.call('HINCRBY', KEYS[2], tostring(admitted_in), tokens)
+      redis.call('PEXPIRE', KEYS[2], (WINDOW + 1) * 1000)
+    end
+  elseif used > 0 then
+    count(KEYS[2], used)
+  end
+  return {1, 0, 0, 0, 0, 0, 0, replicas, sec}
 end
 
 local rused, runder, rempty, tused, tunder, tempty = 0, 0, 0, 0, 0, 0
@@ -65,4 +76,9 @@ if admitted and rpm > 0 then
   rused = rused + 1
   rempty = WINDOW * 1000 - (now - sec * 1000)
 end
-return {admitted and 1 or 0, rused, runder, rempty, tused, tunder, tempty, replicas}
+if admitted and tpm > 0 and tokens > 0 then
+  count(KEYS[2], tokens)
+  tused = tused + tokens
+  tempty = WINDOW * 1000 - (now - sec * 1000)
+end
+return {admitted and 1 or 0, rused, runder, rempty, tused, tunder, tempty, replicas, sec}
