@@ -2,8 +2,11 @@
 
 ``/health`` is liveness: 200 while the process serves, whatever its workers
 do (restarting the gateway does not bring a worker back). ``/ready`` is 200
-only when every configured pool has a healthy worker and the metadata store
-is usable. A store that is unreachable still counts as usable: the gateway
+while at least one configured pool has a healthy worker and the metadata
+store is usable. A pool with none answers its own calls 503
+(``no_healthy_worker``) and is named in ``pools_down``; it does not take the
+replica out of its Service, which would refuse every other pool's calls too
+(one canary pool down would take every replica out at once). A store that is unreachable still counts as usable: the gateway
 then routes by rendezvous hashing (degraded mode), and taking every replica
 out of its Service because Redis is away would turn a cache-hit loss into an
 outage. A store that refuses the gateway (password, ACL, database) does not:
@@ -35,11 +38,14 @@ class Readiness:
     ready: bool
     store: str  # "ok", "degraded" (unreachable: routing by hashing) or "refused"
     reason: str | None = None
+    pools_down: tuple[str, ...] = ()  # pools without a healthy worker while others have one
 
     def body(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": "ready" if self.ready else "not_ready", "store": self.store}
         if self.reason is not None:
             out["reason"] = self.reason
+        if self.pools_down:
+            out["pools_down"] = list(self.pools_down)
         return out
 
 
@@ -80,9 +86,9 @@ async def check_readiness(router: Router, *, probing: bool) -> Readiness:
     if not router.workers:  # discovery has found none yet
         return Readiness(False, store, "no worker yet")
     missing = pools_without_healthy_worker(router, probing=probing)
-    if missing:
-        return Readiness(False, store, f"no healthy worker in pool {', '.join(repr(p) for p in missing)}")
-    return Readiness(True, store)
+    if len(missing) == len({w.pool for w in router.workers}):
+        return Readiness(False, store, f"no healthy worker in any pool ({', '.join(repr(p) for p in missing)})")
+    return Readiness(True, store, pools_down=tuple(missing))
 
 
 async def ready_response(router: Router, *, probing: bool, detail: bool = True) -> JSONResponse:

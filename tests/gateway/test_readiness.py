@@ -44,7 +44,7 @@ def _no_urls(*bodies: Any) -> None:
         assert "http://" not in str(body) and "127.0.0.1" not in str(body), body
 
 
-def test_ready_needs_a_healthy_worker_in_every_pool_and_health_stays_live():
+def test_ready_while_any_pool_has_a_healthy_worker_and_health_stays_live():
     with SimFleet(3) as fleet, Processes() as procs:
         a, b1, b2 = fleet.urls
         url = _serve(procs, "--pool", f"a={a}", "--pool", f"b={b1},{b2}")
@@ -56,16 +56,21 @@ def test_ready_needs_a_healthy_worker_in_every_pool_and_health_stays_live():
         r = httpx.get(url + "/ready")
         assert r.status_code == 200, r.text
 
-        fleet.stop_worker(2)  # pool b has none left
-        r = _until(url, lambda r: r.status_code == 503, "pool b down")
-        assert r.json()["status"] == "not_ready" and r.json()["reason"] == "no healthy worker in pool 'b'"
+        fleet.stop_worker(2)  # pool b has none left: its calls get 503, pool a's are served, still ready
+        r = _until(url, lambda r: r.json().get("pools_down") == ["b"], "pool b down")
+        assert r.status_code == 200 and r.json()["status"] == "ready", r.text
+
+        fleet.stop_worker(0)  # no pool has a healthy worker: out of the Service
+        r = _until(url, lambda r: r.status_code == 503, "every pool down")
+        assert r.json()["status"] == "not_ready"
+        assert r.json()["reason"] == "no healthy worker in any pool ('a', 'b')"
         health = httpx.get(url + "/health")
         assert health.status_code == 200 and health.json()["status"] == "ok"  # liveness: the process serves
         _no_urls(r.text, health.text)
 
+        fleet.start_worker(0)
         fleet.start_worker(2)
-        r = _until(url, lambda r: r.status_code == 200, "pool b back")
-        assert r.json() == {"status": "ready", "store": "ok"}
+        r = _until(url, lambda r: r.json() == {"status": "ready", "store": "ok"}, "pools a and b back")
 
 
 def test_ready_with_every_worker_down_and_without_pools(fleet):
@@ -74,7 +79,7 @@ def test_ready_with_every_worker_down_and_without_pools(fleet):
         _until(url, lambda r: r.status_code == 200, "workers up")
         fleet.stop()
         r = _until(url, lambda r: r.status_code == 503, "every worker down")
-        assert r.json()["reason"] == "no healthy worker in pool 'default'"
+        assert r.json()["reason"] == "no healthy worker in any pool ('default')"
         assert httpx.get(url + "/health").status_code == 200
         _no_urls(r.text)
 
