@@ -53,6 +53,9 @@ def normalize_worker_url(url: str, field: str = "base_url") -> str:
         parts = urlsplit(url.strip())
     except ValueError as exc:  # e.g. an unclosed IPv6 bracket
         raise ConfigError(field, f"not a URL: {url!r} ({exc})") from None
+    if parts.username is not None or parts.password is not None:  # they would show wherever the URL is shown
+        raise ConfigError(field, f"no credentials in a worker URL (got one for host {parts.hostname!r}); give "
+                                 "the workers' API key in $AGENT_CACHE_API_KEY (ChatSGLang: api_key=) instead")
     if parts.scheme not in ("http", "https"):
         raise ConfigError(field, f"unsupported URL scheme {parts.scheme!r} in {url!r}; use http or https")
     if not parts.hostname:

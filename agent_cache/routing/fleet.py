@@ -83,6 +83,7 @@ class Fleet:
         self._clock = clock
         self._static = {w.url: w.pool for w in router.workers}
         self._draining: set[str] = set()
+        self._refused: set[str] = set()  # board entries the router refused (logged once each)
         self._sources: dict[str, str] = {url: STATIC for url in self._static}
         self._lock = threading.Lock()  # one apply at a time (the thread's and an admin call's)
         self._stop = threading.Event()
@@ -210,7 +211,13 @@ class Fleet:
         drained: list[str] = []
         for url, (pool, state, source) in desired.items():
             if url not in current:
-                self.router.add_worker(url, pool)
+                try:
+                    self.router.add_worker(url, pool)
+                except ConfigError as exc:  # an entry this replica cannot apply (written by hand, another version)
+                    if url not in self._refused:  # logged once; skipped on every pass, never fatal
+                        self._refused.add(url)
+                        logger.warning("fleet board entry skipped: %s", exc)
+                    continue
                 logger.info("worker %s joined pool %s (%s)", url, pool, source)
             if state == DRAINING and url not in self._draining:
                 self.router.drain(url, run_hooks=False)

@@ -47,7 +47,7 @@ class FleetEntry:
         try:
             data = json.loads(raw)
             entry = cls(url, str(data["pool"]), str(data["state"]), float(data["since"]), str(data["source"]))
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):
             return None
         return entry if entry.state in STATES else None
 
@@ -110,7 +110,7 @@ class RedisFleetBoard:
             raise self._map_error(exc) from exc
         out = {}
         for field, value in raw.items():
-            url = field.decode() if isinstance(field, bytes) else str(field)
+            url = field.decode(errors="replace") if isinstance(field, bytes) else str(field)
             entry = FleetEntry.decode(url, value)
             if entry is not None:
                 out[url] = entry

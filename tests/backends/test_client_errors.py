@@ -172,11 +172,12 @@ def test_unknown_field_is_refused_before_sending(worker: str) -> None:
 
 @pytest.mark.parametrize("url", ["ftp://host:1", "localhost:30000", "", "http://", "http://a b:1",
                                  "http://ho\nst:1", "http://host:99999", "http://host:port", "http://host:1/?x=1",
-                                 "http://host:1/#frag", "http://ho\tst:1"])
+                                 "http://host:1/#frag", "http://ho\tst:1", "http://admin:PW@host:1", "http://u@host:1"])
 def test_bad_worker_url(url: str) -> None:
     with pytest.raises(ConfigError) as info:
         SGLangClient(url)
     assert info.value.field == "base_url"
+    assert "PW" not in str(info.value)  # a password given by mistake is not repeated in the error
 
 
 def test_a_worker_list_with_a_bad_url_names_its_index_and_routes_nothing() -> None:

@@ -280,3 +280,28 @@ def test_replicas_discovering_the_same_name_agree_through_redis(procs, tmp_path,
         _eventually(lambda gw=gw: set(_listed(gw, {})) == {b}, "both replicas drop the removed address")
         r = _chat(gw, f"dns-{gw[-5:]}", [{"role": "user", "content": "hello"}], {})
         assert r.status_code == 200 and r.headers["x-agent-cache-worker"] == b
+
+
+def test_a_board_entry_no_replica_can_apply_is_skipped_and_stops_nothing(procs, redis_url, keys_file):
+    """Anyone with write access to Redis may write the board: an entry the router refuses (a scheme it does
+    not take, a bad pool) is logged once and skipped; replicas start, serve and take admin changes."""
+    import redis
+
+    prefix = f"fleet-{uuid.uuid4().hex[:8]}"
+    admin = redis.Redis.from_url(redis_url)
+    entry = '{"pool": "default", "since": 0, "source": "admin", "state": "up"}'
+    admin.hset(f"{{{prefix}}}:fleet", mapping={"ftp://bad-entry": entry, "http://ok:1": "[[[[",
+                                               "http://admin:pw@host:1": entry})
+    admin.close()
+    with SimFleet(2) as fleet:
+        gateways = AgentCacheGateways(procs, fleet.urls[:1], redis_url=redis_url, args=[
+            "--prefix", prefix, "--api-keys", keys_file, "--fleet-refresh", REFRESH])  # starts
+        gw = gateways.urls[0]
+        assert _chat(gw, "s1", [{"role": "user", "content": "hi"}], USER).status_code == 200
+        r = httpx.post(gw + "/workers", headers=ADMIN, json={"url": fleet.urls[1], "pool": "default"})
+        assert r.status_code == 202, r.text
+        assert set(_listed(gw)) == set(fleet.urls)
+        time.sleep(1.0)  # a few refreshes
+        log = gateways.procs[0].tail(20_000)
+        assert log.count("fleet board entry skipped") == 2 and "Traceback" not in log
+        assert "pw@" not in log
