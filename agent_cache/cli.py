@@ -303,7 +303,8 @@ def _serve(args: argparse.Namespace) -> int:
             workers, redis_url=args.redis, prefix=args.prefix, session_header=args.session_header,
             api_keys=load_api_keys(args.api_keys) if args.api_keys else None, templates=args.templates,
             infer_sessions=not args.no_infer_sessions, max_concurrency=args.max_concurrency,
-            max_body_bytes=args.max_body_bytes, timeout=args.timeout, max_attempts=args.max_attempts,
+            max_body_bytes=args.max_body_bytes, timeout=args.timeout, stall_timeout=args.stall_timeout,
+            max_attempts=args.max_attempts,
             extra_fields=frozenset(f.strip() for f in (args.extra_fields or "").split(",") if f.strip()),
             worker_api_key=environment.value(environment.API_KEY), first_byte_floor=args.first_byte_floor,
             fleet=admin.fleet_config(args),
@@ -377,6 +378,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="largest request body (default %(default)s)")
     p.add_argument("--timeout", type=_positive(float), default=gw.DEFAULT_TIMEOUT,
                    help="seconds a worker may take to answer or to send its next stream event (default %(default)s)")
+    p.add_argument("--stall-timeout", type=_positive(float), default=gw.DEFAULT_STALL_TIMEOUT,
+                   help="seconds a stream may stay silent once its first event came; past it the stream ends "
+                        "with an error event and its slot and counts are freed (default %(default)s)")
     p.add_argument("--max-attempts", type=_positive(int), default=3, help="tries per call across workers")
     p.add_argument("--first-byte-floor", type=_positive(float), default=5.0,
                    help="a call's first attempt waits 3 x the worker's recent p95 time to first byte, "

@@ -65,10 +65,13 @@ class _Early:
 
 
 class HttpxTransport:
-    """Async httpx transport; ``timeout``: the longest silence within an answer (the stall timeout)."""
+    """Async httpx transport; ``timeout``: the longest silence within a whole answer; ``stall``: between a
+    stream's lines once one came (default: ``timeout``)."""
 
-    def __init__(self, *, timeout: float | None, max_connections: int = 64, api_key: str | None = None) -> None:
+    def __init__(self, *, timeout: float | None, max_connections: int = 64, api_key: str | None = None,
+                 stall: float | None = None) -> None:
         self.timeout = timeout
+        self.stall = timeout if stall is None else stall
         # calls go straight to httpx's transport (its connection pool): the client's per-call layers
         # (auth, redirects, cookies, event hooks) have nothing to do for a worker
         self._pool = httpx.AsyncHTTPTransport(limits=_limits(max_connections))
@@ -112,6 +115,7 @@ class HttpxTransport:
                      early: Any = None) -> AsyncIterator[bytes]:
         response: httpx.Response | None = None
         seen = False
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(first_byte_timeout) as first_byte:
                 if early is not None:
@@ -123,9 +127,9 @@ class HttpxTransport:
                 async for data in response.stream:  # type: ignore[union-attr]  # the transport's byte stream
                     lines, pending = _lines(pending, data)
                     for line in lines:
-                        if not seen:
-                            seen = True
-                            first_byte.reschedule(None)
+                        seen = True
+                        # from the first line on, the deadline is the stall bound from the latest one
+                        first_byte.reschedule(None if self.stall is None else loop.time() + self.stall)
                         yield line
                 if pending:
                     yield pending

@@ -363,9 +363,9 @@ def _transport(config: GatewayConfig) -> WorkerTransport:
         from agent_cache.gateway.upstream import Upstream
 
         return Upstream(timeout=config.timeout, max_connections=config.max_concurrency,
-                        api_key=config.worker_api_key)
+                        api_key=config.worker_api_key, stall=min(config.stall_timeout, config.timeout))
     return HttpxTransport(timeout=config.timeout, max_connections=config.max_concurrency,
-                          api_key=config.worker_api_key)
+                          api_key=config.worker_api_key, stall=min(config.stall_timeout, config.timeout))
 
 
 class _Proxied:

@@ -23,6 +23,7 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # a 128k-token prompt is ~0.5 MB; ima
 NOT_PASSED_THROUGH = frozenset(TENANT_FIELDS) | {"messages", "prompt", "text", "input_ids", "tools", "stream",
                                                  "stream_options", "user", "rid", "custom_logit_processor"}
 DEFAULT_TIMEOUT = 600.0  # seconds a worker may take to answer (non-streaming) or to send its next bytes
+DEFAULT_STALL_TIMEOUT = 60.0  # seconds a stream may stay silent once its first event came
 
 
 TRANSPORTS = ("httpx", "fast")
@@ -42,6 +43,7 @@ class GatewayConfig:
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     timeout: float = DEFAULT_TIMEOUT
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT  # a hung worker mid-stream frees the call, its slot, its count
     max_attempts: int = 3
     probe_interval: float | None = 5.0
     extra_fields: frozenset[str] = field(default_factory=frozenset)  # request fields passed through unchecked
@@ -67,8 +69,10 @@ class GatewayConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(name, f"expected an integer >= 1, got {value!r}")
-        if not isinstance(self.timeout, (int, float)) or self.timeout <= 0:
-            raise ConfigError("timeout", f"expected seconds > 0, got {self.timeout!r}")
+        for name in ("timeout", "stall_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(name, f"expected seconds > 0, got {value!r}")
         if self.transport not in TRANSPORTS:
             raise ConfigError("transport", f"expected one of {list(TRANSPORTS)}, got {self.transport!r}")
         if self.kv_events is not None:

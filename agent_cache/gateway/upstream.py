@@ -204,8 +204,10 @@ class SentEarly:
 class Upstream:
     """Keep-alive connections to every worker (opened in the event loop that uses them)."""
 
-    def __init__(self, *, timeout: float, max_connections: int, api_key: str | None = None) -> None:
-        self._timeout = timeout  # the longest silence within an answer
+    def __init__(self, *, timeout: float, max_connections: int, api_key: str | None = None,
+                 stall: float | None = None) -> None:
+        self._timeout = timeout  # the longest silence within a whole answer
+        self._stall = timeout if stall is None else stall  # ... and between a stream's lines once one came
         self._max_idle = max_connections  # kept per worker
         self._auth = f"Authorization: Bearer {api_key}\r\n".encode() if api_key else b""
         self._origins: dict[str, _Origin] = {}
@@ -331,7 +333,7 @@ class Upstream:
         """Streamed :meth:`post`: the response's lines as they arrive, each with its line ending.
 
         ``first_byte_timeout``: seconds for the worker to be reached, answer and send its first line
-        (a hung worker accepts the connection and sends nothing); later lines wait the ``timeout``.
+        (a hung worker accepts the connection and sends nothing); later lines wait ``stall`` at most.
         ``early``: the same request, already written by :meth:`send_early`.
         """
         deadline = None if first_byte_timeout is None else time.monotonic() + first_byte_timeout
@@ -361,7 +363,7 @@ class Upstream:
                 if conn.complete or conn.has_body():
                     continue  # it came while the lines were yielded
                 try:
-                    await conn.progress(self._timeout if lines_seen else _left(deadline, self._timeout))
+                    await conn.progress(self._stall if lines_seen else _left(deadline, self._timeout))
                 except _FAILURES as exc:
                     if not lines_seen:
                         raise _error(exc, worker) from exc

@@ -25,10 +25,10 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
 KINDS = ["httpx", "fast"]
 
 
-def _transport(kind: str, timeout: float, api_key: str | None = None) -> Any:
+def _transport(kind: str, timeout: float, api_key: str | None = None, stall: float | None = None) -> Any:
     if kind == "httpx":
-        return HttpxTransport(timeout=timeout, max_connections=4, api_key=api_key)
-    return Upstream(timeout=timeout, max_connections=4, api_key=api_key)
+        return HttpxTransport(timeout=timeout, max_connections=4, api_key=api_key, stall=stall)
+    return Upstream(timeout=timeout, max_connections=4, api_key=api_key, stall=stall)
 
 
 async def _read_request(reader: asyncio.StreamReader) -> bytes:
@@ -178,6 +178,32 @@ def _misbehaving(mode: dict[str, str]) -> Handler:
         await asyncio.sleep(2)  # silent
 
     return handler
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stream_silent_past_the_stall_bound_breaks_while_a_slow_whole_answer_waits_the_timeout(kind: str) -> None:
+    mode = {"now": "stalls mid-stream"}
+
+    async def slow_whole(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if mode["now"] != "slow whole answer":
+            return await _misbehaving(mode)(reader, writer)
+        await _read_request(reader)
+        await asyncio.sleep(0.8)  # a long /generate: nothing until the whole answer
+        writer.write(_answer(b'{"text": "done"}'))
+        await writer.drain()
+
+    async def test(url: str, connections: list[int]) -> None:
+        up = _transport(kind, 5.0, stall=0.3)
+        started = time.monotonic()
+        with pytest.raises(StreamError):
+            async for _ in up.stream(url, "/generate", b"{}", first_byte_timeout=2.0):
+                pass
+        assert time.monotonic() - started < 1.5  # the stall bound, not the 5 s timeout
+        mode["now"] = "slow whole answer"
+        assert await up.post(url, "/generate", b"{}") == b'{"text": "done"}'
+        await up.aclose()
+
+    _serve(slow_whole, test)
 
 
 @pytest.mark.parametrize("kind", KINDS)
