@@ -36,6 +36,7 @@ logger = logging.getLogger("agent_cache.fleet")
 DEFAULT_REFRESH = 2.0  # seconds between reads of the shared board
 DEFAULT_DNS_INTERVAL = 10.0  # seconds between DNS resolutions
 DEFAULT_DRAIN_TIMEOUT = 120.0  # the longest a draining worker waits for its in-flight calls
+GONE_RETENTION = 60.0  # s a removed worker's entry stays on the board (at least 10 refreshes)
 STATIC = "static"  # the source of a worker given on the command line
 ADMIN, DNS = "admin", "dns"
 
@@ -150,6 +151,7 @@ class Fleet:
             try:
                 entries = self.board.entries()
                 entries = self._finish_drains(entries)
+                entries = self._prune(entries)
             except (StoreError, ConfigError) as exc:
                 self._warn(f"fleet board unavailable, keeping the current workers: {exc}")
                 return
@@ -178,6 +180,19 @@ class Fleet:
             if self.board.replace(gone, e):
                 logger.info("worker %s drained (%.1f s): removed", e.url, age)
                 entries = {**entries, e.url: gone}
+        return entries
+
+    def _prune(self, entries: dict[str, FleetEntry]) -> dict[str, FleetEntry]:
+        """Delete the entries of removed workers once every replica has applied them (``gone`` for
+        ``gone_retention`` s), so workers that come and go leave nothing on the board. A worker of the
+        command line keeps its ``gone`` entry: without it, it would come back (replicas of one deployment
+        share their command line)."""
+        now = self._clock()
+        retention = max(GONE_RETENTION, 10 * self.config.refresh)
+        for e in [e for e in entries.values() if e.state == GONE and e.url not in self._static
+                  and now - e.since > retention]:
+            if self.board.delete(e):
+                entries = {url: v for url, v in entries.items() if url != e.url}
         return entries
 
     def loads(self) -> dict[str, int] | None:

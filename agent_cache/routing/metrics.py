@@ -107,6 +107,22 @@ class RouterMetrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
+    def forget_worker(self, url: str) -> None:
+        """Drop every series labelled with a removed worker, so workers that come and go (discovery, admin
+        changes) leave no series behind."""
+        for metric in (self.live_sessions, self.inflight, self.healthy, self.failovers):
+            try:
+                metric.remove(url)
+            except KeyError:  # never labelled
+                pass
+        for key in [k for k in self._children if k[1] and k[1][-1] == url]:
+            metric = next(m for m in (self.inflight, self.prompt_tokens, self.cached_tokens) if id(m) == key[0])
+            del self._children[key]
+            try:
+                metric.remove(*key[1])
+            except KeyError:
+                pass
+
     def template_label(self, template_id: str | None) -> str:
         """The ``template`` label of a template id: itself while labels last, then ``other``."""
         tid = template_id or ""

@@ -52,6 +52,14 @@ class Prober:
             c = self._clients[url] = SGLangClient(url, timeout=self.timeout)
         return c
 
+    def forget(self, url: str) -> None:
+        """A removed worker: its probe client closed and its capacity dropped (workers that come and go
+        leave nothing behind)."""
+        client = self._clients.pop(url, None)
+        if client is not None:
+            client.close()
+        self.capacity.pop(url, None)
+
     def probe_once(self) -> None:
         """Probe every worker now, in parallel."""
         workers = list(self._workers())

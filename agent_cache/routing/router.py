@@ -179,6 +179,8 @@ class Router(AsyncFace):
             self._config_changed()
         self.health.forget(url)
         self.first_byte.forget(url.rstrip("/"))
+        self.prober.forget(url.rstrip("/"))
+        self.metrics.forget_worker(url.rstrip("/"))
 
     def drain(self, url: str, *, run_hooks: bool = True) -> None:
         """No new sessions; pinned ones move on their next call (reason ``draining``); then the

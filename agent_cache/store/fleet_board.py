@@ -59,6 +59,9 @@ class FleetBoard(Protocol):
     def replace(self, entry: FleetEntry, expected: FleetEntry | None) -> bool:
         """Write ``entry`` if the board still holds ``expected`` for its URL (None: no entry); True if written."""
 
+    def delete(self, expected: FleetEntry) -> bool:
+        """Delete the URL's entry if the board still holds ``expected``; True if deleted."""
+
     def close(self) -> None: ...
 
 
@@ -79,6 +82,13 @@ class MemoryFleetBoard:
             if self._entries.get(entry.url, "") != (expected.encode() if expected else ""):
                 return False
             self._entries[entry.url] = entry.encode()
+            return True
+
+    def delete(self, expected: FleetEntry) -> bool:
+        with self._lock:
+            if self._entries.get(expected.url) != expected.encode():
+                return False
+            del self._entries[expected.url]
             return True
 
     def close(self) -> None:
@@ -117,9 +127,14 @@ class RedisFleetBoard:
         return out
 
     def replace(self, entry: FleetEntry, expected: FleetEntry | None) -> bool:
-        args = [entry.url, expected.encode() if expected else "", entry.encode()]
+        return self._compare_and_set(entry.url, expected.encode() if expected else "", entry.encode())
+
+    def delete(self, expected: FleetEntry) -> bool:
+        return self._compare_and_set(expected.url, expected.encode(), "")
+
+    def _compare_and_set(self, url: str, expected: str, new: str) -> bool:
         try:
-            return bool(self._set(keys=[self.key], args=args))
+            return bool(self._set(keys=[self.key], args=[url, expected, new]))
         except self._failures as exc:
             raise self._map_error(exc) from exc
 
