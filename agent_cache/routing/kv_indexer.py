@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -30,6 +31,7 @@ from agent_cache.routing.kv_state import KvState
 
 log = logging.getLogger(__name__)
 REPLAY_TIMEOUT_MS = 2000
+REPLAY_SILENT_S = 30.0  # a replay endpoint that did not answer is left alone this long
 ZMQ_SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
@@ -69,6 +71,7 @@ class KvIndexer:
         self._resync: set[str] = set()  # workers whose publisher connection dropped
         self._replayed_upto: dict[str, int] = {}  # worker -> the last batch applied from its replay at start
         self._warned: set[str] = set()  # workers whose undecodable batch was logged
+        self._silent: dict[str, float] = {}  # replay endpoint -> until when it is not asked (it did not answer)
         self.batches = 0
         self.replayed = 0
         self.bad = 0
@@ -175,9 +178,14 @@ class KvIndexer:
         self.batches += 1
 
     def _fetch(self, endpoint: str, first: int, upto: int) -> list[tuple[int, bytes]]:
-        """The publisher's buffered batches numbered ``first`` to ``upto - 1``, from its replay socket."""
+        """The publisher's buffered batches numbered ``first`` to ``upto - 1``, from its replay socket. A
+        replay socket that does not answer in time is not asked again for ``REPLAY_SILENT_S``: every batch
+        after a gap would otherwise wait ``REPLAY_TIMEOUT_MS`` for it, and this one thread serves every
+        worker (the worker stays unknown meanwhile, as without a replay endpoint)."""
         import zmq
 
+        if self._silent.get(endpoint, 0.0) > time.monotonic():
+            return []
         out: list[tuple[int, bytes]] = []
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -194,6 +202,10 @@ class KvIndexer:
                     break
                 if first <= seq < upto:
                     out.append((seq, frames[-1]))
+            else:  # no end marker in time
+                self._silent[endpoint] = time.monotonic() + REPLAY_SILENT_S
+                log.warning("kv events: the replay endpoint %s did not answer in %d ms; not asked again for "
+                            "%.0f s", endpoint, REPLAY_TIMEOUT_MS, REPLAY_SILENT_S)
         finally:
             sock.close()
         return out

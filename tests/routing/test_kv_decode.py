@@ -83,3 +83,30 @@ def test_the_subscriber_counts_a_bad_batch_and_goes_on() -> None:
     finally:
         indexer.close()
         pub.close(linger=0)
+
+
+def test_a_silent_replay_endpoint_is_not_asked_again_for_every_gap() -> None:
+    """Each gap would ask the replay endpoint and wait for it (2 s) on the one subscriber thread: one that
+    did not answer is left alone for a while, and the batches after it are applied at once."""
+    ctx = zmq.Context.instance()
+    pub, silent = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    replay_port = silent.bind_to_random_port("tcp://127.0.0.1")  # takes requests, never answers
+    state = KvState()
+    indexer = KvIndexer(state, {"http://w0": EventSource(f"tcp://127.0.0.1:{port}",
+                                                         f"tcp://127.0.0.1:{replay_port}")}).start()
+    try:
+        time.sleep(2.5)  # the start-up catch-up asks once and waits for it
+        payload = encode_batch(KVEventBatch(1.0, [AllBlocksCleared()], 0), FORMAT_MAPS)
+        started = time.monotonic()
+        for seq in range(1, 41, 2):  # a gap before every batch
+            pub.send_multipart([b"", sequence_bytes(seq), payload])
+        deadline = time.monotonic() + 15
+        while indexer.batches < 15 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert indexer.batches >= 15, indexer.batches  # before: one batch every 2 s
+        assert time.monotonic() - started < 6
+    finally:
+        indexer.close()
+        pub.close(linger=0)
+        silent.close(linger=0)
