@@ -22,13 +22,15 @@ import pytest
 import redis
 
 from agent_cache.bench.realfleet import Processes
+from agent_cache.sglang_cpu.install import HARNESS_ENV_PREFIX
 from agent_cache.sim import SimFleet
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # a developer's own AGENT_CACHE_REDIS_URL / _WORKERS must not point the tests (or the commands they start)
-    # at real services: tests that need one set it themselves
-    for name in [n for n in os.environ if n.startswith("AGENT_CACHE_")]:
+    # at real services: tests that need one set it themselves. The real-SGLang harness's own variables
+    # (which release the sglang tier runs, where it is set up) point at nothing and stay.
+    for name in [n for n in os.environ if n.startswith("AGENT_CACHE_") and not n.startswith(HARNESS_ENV_PREFIX)]:
         del os.environ[name]
 
 

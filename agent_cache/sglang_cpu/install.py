@@ -27,7 +27,9 @@ from pathlib import Path
 from agent_cache.errors import ConfigError
 from agent_cache.sglang_cpu.versions import ENGINE_VERSIONS, GPU_ONLY_PREFIXES, LATEST_ENGINE, EngineVersion
 
-HOME_ENV = "AGENT_CACHE_SGLANG_HOME"
+HARNESS_ENV_PREFIX = "AGENT_CACHE_SGLANG_"  # the harness's own variables
+HOME_ENV = HARNESS_ENV_PREFIX + "HOME"  # where releases are set up
+VERSION_ENV = HARNESS_ENV_PREFIX + "VERSION"  # the release the sglang test tier runs
 _CUDA_ERROR_NO_DEVICE = 100
 
 

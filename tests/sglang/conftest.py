@@ -1,7 +1,8 @@
 """The ``sglang`` tier: the product against real SGLang servers on this CPU (``agent_cache.sglang_cpu``).
 
 Run with ``python -m pytest -m sglang`` after ``agent-cache sglang-cpu setup`` (the release in
-``$AGENT_CACHE_SGLANG_VERSION``, default the newest the harness knows). Without that setup every test here
+``$AGENT_CACHE_SGLANG_VERSION``, default the newest the harness knows; the root conftest leaves the
+harness's variables alone). Without that setup every test here
 is skipped, with one summary line. Servers are expensive (about 3 GB and 20-50 s each), so one pair is
 shared by the whole tier, and the tests that need their own pool size or kill a server start their own.
 """
@@ -14,10 +15,10 @@ from typing import Callable, Iterator
 import pytest
 
 from agent_cache.sglang_cpu import LATEST_ENGINE
-from agent_cache.sglang_cpu.install import Installed
+from agent_cache.sglang_cpu.install import VERSION_ENV, Installed
 from agent_cache.sglang_cpu.workers import RealWorker, RealWorkers
 
-ENGINE_VERSION = os.environ.get("AGENT_CACHE_SGLANG_VERSION", LATEST_ENGINE)
+ENGINE_VERSION = os.environ.get(VERSION_ENV, LATEST_ENGINE)
 NO_SGLANG = (f"real SGLang {ENGINE_VERSION} is not set up "
              f"(agent-cache sglang-cpu setup --version {ENGINE_VERSION})")
 MODEL = "tiny-llama"  # the served model name the harness gives
