@@ -35,6 +35,7 @@ class RealWorker:
     url: str
     port: int
     proc: Proc
+    owner: Processes  # whose close() stops it, a restarted one included
     max_total_tokens: int
     page_size: int
     kv_endpoint: str | None = None
@@ -86,8 +87,8 @@ class RealWorkers:
                                                        "replay_endpoint": replay, "topic": KV_TOPIC})]
         env = self._env()
         proc = self.procs.start(f"sglang-{self.installed.version}-{port}", argv, env, group=True)
-        return RealWorker(f"http://127.0.0.1:{port}", port, proc, max_total_tokens, page_size, endpoint, replay,
-                          argv, env)
+        return RealWorker(f"http://127.0.0.1:{port}", port, proc, self.procs, max_total_tokens, page_size, endpoint,
+                          replay, argv, env)
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
@@ -109,10 +110,11 @@ class RealWorkers:
         worker.proc.popen.wait(30)
 
     def restart(self, worker: RealWorker, timeout: float = STARTUP_TIMEOUT_S) -> None:
-        """Start a stopped server again on the same port and endpoints, and wait until it is healthy."""
+        """Start a stopped server again on the same port and endpoints, and wait until it is healthy. It
+        stays its first fleet's (that fleet's close() stops it), whichever fleet restarts it."""
         if worker.proc.alive():
-            self.procs.stop(worker.proc)
-        worker.proc = self.procs.start(worker.proc.name + "-again", worker.argv, worker.env, group=True)
+            worker.owner.stop(worker.proc)
+        worker.proc = worker.owner.start(worker.proc.name + "-again", worker.argv, worker.env, group=True)
         self.wait_healthy(worker, timeout)
 
     def close(self) -> None:

@@ -61,13 +61,12 @@ def test_an_agent_session_grows_its_cached_prefix_on_one_worker(gateway: str) ->
 
 
 def test_a_killed_worker_mid_session_fails_over_and_the_session_goes_on(engine, real_pair: list[RealWorker]) -> None:
-    fleet = RealWorkers(engine)
     # the gateway names a worker by its URL to an admin (an open gateway's callers are), else by its id
     by_name = {name: w for w in real_pair for name in (w.url, worker_id(w.url))}
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Cancel order 77."}]
     for w in real_pair:  # other tests sent this system prompt: no worker may hold the session's prefix yet
         httpx.post(w.url + "/flush_cache", timeout=30).raise_for_status()
-    with Processes() as procs, httpx.Client(timeout=120) as client:
+    with RealWorkers(engine) as fleet, Processes() as procs, httpx.Client(timeout=120) as client:
         gw = AgentCacheGateways(procs, [w.url for w in real_pair]).urls[0]
         client.base_url = httpx.URL(gw)
         first, _, _, answer = _step(client, "gw-real-failover", messages)
