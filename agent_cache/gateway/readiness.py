@@ -6,10 +6,10 @@ while at least one configured pool has a healthy worker and the metadata
 store is usable. A pool with none answers its own calls 503
 (``no_healthy_worker``) and is named in ``pools_down``; it does not take the
 replica out of its Service, which would refuse every other pool's calls too
-(one canary pool down would take every replica out at once). A store that is unreachable still counts as usable: the gateway
-then routes by rendezvous hashing (degraded mode), and taking every replica
-out of its Service because Redis is away would turn a cache-hit loss into an
-outage. A store that refuses the gateway (password, ACL, database) does not:
+(one canary pool down would take every replica out at once). A store that
+is unreachable still counts as usable: the gateway then routes by rendezvous
+hashing (degraded mode), and taking every replica out of its Service because
+Redis is away would turn a cache-hit loss into an outage. A store that refuses the gateway (password, ACL, database) does not:
 every call would fail.
 
 Neither answer names a worker URL; they are open to unauthenticated callers (probes send no

@@ -74,6 +74,7 @@ class KvShare:
         self.dropped = 0  # records not appended: the queue full, or the store away
         self.resets = 0  # times every session was forgotten: records may have been missed
         self.bad = 0  # records this version cannot read (skipped)
+        self._bad_logged = False
 
     def start(self) -> "KvShare":
         self._thread.start()
@@ -153,7 +154,8 @@ class KvShare:
                     worker, tuple(int(a) for a in tail), tuple(int(a) for a in head), head_text, at))
         except (ValueError, TypeError, IndexError, KeyError, RecursionError) as exc:
             self.bad += 1
-            if self.bad == 1:
+            if not self._bad_logged:
+                self._bad_logged = True
                 log.warning("a record of the sessions' stream was skipped (%s: %s); counted in "
                             "agent_cache_kv_session_records_skipped_total, not logged again", type(exc).__name__,
                             str(exc)[:120])

@@ -440,7 +440,7 @@ class KvState:
             hashes.extend(e.block_hashes)
         if not hashes:
             return
-        size = w.page_size = max(1, chain[0].block_size or len(tokens) // len(hashes))
+        size = w.page_size = chain[0].block_size  # the page size (decoding refuses one below 1)
         ending: dict[int, list[int]] = {}  # page index -> anchors whose last token is in it
         for end, a in anchors_at(tokens):
             ending.setdefault(end // size, []).append(a)

@@ -110,17 +110,17 @@ class RouterMetrics:
     def forget_worker(self, url: str) -> None:
         """Drop every series labelled with a removed worker, so workers that come and go (discovery, admin
         changes) leave no series behind."""
-        for metric in (self.live_sessions, self.inflight, self.healthy, self.failovers):
-            try:
-                metric.remove(url)
-            except KeyError:  # never labelled
-                pass
-        for key in [k for k in self._children if k[1] and k[1][-1] == url]:
-            metric = next(m for m in (self.inflight, self.prompt_tokens, self.cached_tokens) if id(m) == key[0])
+        per_template = {id(self.prompt_tokens): self.prompt_tokens, id(self.cached_tokens): self.cached_tokens}
+        removed: list[tuple[Any, tuple[str, ...]]] = [
+            (self.live_sessions, (url,)), (self.inflight, (url,)), (self.healthy, (url,)), (self.failovers, (url,))]
+        for key in [k for k in self._children if url in k[1]]:
             del self._children[key]
+            if key[0] in per_template:  # (template, worker): the labels it was asked for are only known here
+                removed.append((per_template[key[0]], key[1]))
+        for metric, labels in removed:
             try:
-                metric.remove(*key[1])
-            except KeyError:
+                metric.remove(*labels)
+            except KeyError:  # never labelled
                 pass
 
     def template_label(self, template_id: str | None) -> str:
