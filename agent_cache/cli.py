@@ -35,6 +35,7 @@ def _sim_worker(args: argparse.Namespace) -> int:
         startup_seconds=args.startup_seconds,
         latency=latency_from_args(args),
         kv_events_config=args.kv_events_config,
+        tokenizer_path=args.tokenizer_path,
     )
     print(f"simulated SGLang worker (not SGLang) on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     uvicorn.run(create_app(options), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
@@ -120,6 +121,9 @@ def _add_sim_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--served-model-name", default="sim-llama-3.1-8b")
     p.add_argument("--model-path", default="meta-llama/Llama-3.1-8B-Instruct")
+    p.add_argument("--tokenizer-path", default=None, metavar="DIR",
+                   help="count tokens with this model folder's tokenizer and chat template, as a real server of that "
+                        "model does (default: the simulator's own; needs agent-cache[bench])")
     p.add_argument("--max-total-tokens", type=_positive(int), default=200_000, help="KV capacity in tokens")
     p.add_argument("--context-length", type=_positive(int), default=131_072)
     p.add_argument("--page-size", type=_positive(int), default=1)

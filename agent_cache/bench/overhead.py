@@ -5,8 +5,9 @@ call costs only HTTP, the worker's tokenizer and radix cache, and the routing
 path in front of it. The same ReAct calls go, one at a time, through:
 
 * ``direct``: the client straight to the worker (the baseline);
-* ``agent-cache (memory)``: the product's client path in process (Templater,
-  ``Router.aexecute`` and ``Router.areport``) over the in-process store;
+* ``agent-cache (memory)``: the product's client path in process
+  (``ChatSGLang.astream``, or ``ainvoke`` with ``--no-stream``: templates,
+  routing, the call pipeline and the served hook) over the in-process store;
 * ``agent-cache (Redis)``: the same over the Redis store (its Lua scripts, one
   round trip per decision plus the usage report);
 * ``agent-cache-gateway``: ``agent-cache serve`` (the same routing over the
@@ -69,9 +70,8 @@ class _Direct:
         self.worker = worker
         self.client = client
 
-    async def call(self, session: SessionSpec, call: Any) -> Any:
-        chat = call.chat
-        return await self.client.send(self.worker, chat.messages, chat.tools, chat)
+    async def call(self, session: SessionSpec, call: Any, chat: Any) -> Any:
+        return await self.client.send(self.worker, chat)
 
     def session_done(self, session_id: str) -> None:
         pass
@@ -102,7 +102,7 @@ async def measure(paths: dict[str, Any], sessions: Sequence[SessionSpec], calls:
             order = names[turn % len(names):] + names[:turn % len(names)]
             for name in order:
                 t0 = time.monotonic()
-                reply = await paths[name].call(own[name], call)
+                reply = await paths[name].call(own[name], call, call.chat)
                 end = time.monotonic()
                 if turn >= warmup:
                     lat[name].append(end - t0)
@@ -137,7 +137,7 @@ async def throughput(paths: dict[str, Any], sessions: Sequence[SessionSpec], cal
                 for call in spec.start(chat=True):
                     if done >= calls:
                         break
-                    await path.call(spec, call)
+                    await path.call(spec, call, call.chat)
                     done += 1
                 path.session_done(spec.session_id)
 

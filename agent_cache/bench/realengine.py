@@ -1,13 +1,21 @@
 """``agent-cache bench --engine real``: the policies compared with real processes.
 
-N simulated worker servers (:class:`~agent_cache.bench.realfleet.SimWorkers`),
+N worker servers: simulated ones (:class:`~agent_cache.bench.realfleet.SimWorkers`,
+the default), real SGLang servers on this CPU (``--fleet sglang``,
+:class:`~agent_cache.bench.realfleet.SGLangWorkers`), or a running fleet
+(``--worker-urls``, :class:`~agent_cache.bench.realfleet.GivenWorkers`);
 a real Redis (``--redis URL``, or a private ``redis-server``), K router
 replica processes driving closed-loop sessions
 (:mod:`agent_cache.bench.realload`), and the real smg gateway per ``smg-*``
 policy, in front of the same workers. Before each policy every worker's
 cache is flushed, so every policy starts cold; agent-cache policies get a
 fresh Redis key prefix. Workers' latency comes from the simulator's latency
-model (``--time-scale``; 1 = real time), not from GPUs.
+model (``--time-scale``; 1 = real time), not from GPUs. Simulated workers
+answer the recorded text (``sim_output``). Real workers answer for
+themselves (so do simulated ones given ``--answer-tokens``), and the sessions
+are replayed closed-loop: each step's assistant message is the text the
+worker returned, at most ``--answer-tokens`` long, as an agent's next prompt
+extends its last one.
 
 Presets are sized for a small machine (2 cores):
 
@@ -41,8 +49,11 @@ from agent_cache.bench.realfleet import (
     SMG_POLICIES,
     SMG_TUNING,
     AgentCacheGateways,
+    GivenWorkers,
     Processes,
+    SGLangWorkers,
     SimWorkers,
+    Workers,
     SmgGateways,
     free_port,
     smg_policy_flags,
@@ -58,6 +69,7 @@ from agent_cache.errors import ConfigError
 from agent_cache.sim.engine import WorkerOptions
 from agent_cache.sim.latency import DEFAULT_LATENCY
 from agent_cache.sim.scheduler import default_max_running_requests
+from agent_cache.sim.versions import LATEST_VERSION, SUPPORTED_VERSIONS
 
 SIM_ONLY = ("oracle", "no-cache")
 
@@ -108,6 +120,34 @@ def check(args: argparse.Namespace) -> None:
         raise ConfigError("--workers", f"at most 64 worker processes, got {args.workers}")
     if args.redis is not None:
         check_redis(args.redis)
+    real_workers = args.fleet != "sim" or args.worker_urls is not None
+    if args.worker_urls is not None:
+        if args.fleet != "sim":
+            raise ConfigError("--worker-urls", "runs against a fleet that is already running: leave out --fleet")
+        if args.workers is not None:
+            raise ConfigError("--workers", "--worker-urls names the fleet; leave out --workers")
+        from agent_cache.backends.sglang import normalize_worker_url
+
+        args.worker_urls = [normalize_worker_url(u, "--worker-urls") for u in args.worker_urls.split(",") if u.strip()]
+        if not args.worker_urls:
+            raise ConfigError("--worker-urls", "no worker URL given")
+    if args.fleet == "sglang":
+        from agent_cache.sglang_cpu import ENGINE_VERSIONS
+
+        if args.sglang_version not in ENGINE_VERSIONS:
+            raise ConfigError("--sglang-version", f"the harness runs {', '.join(ENGINE_VERSIONS)}, "
+                                                  f"not {args.sglang_version}")
+    if real_workers and args.sim_tokenizer is not None:
+        raise ConfigError("--sim-tokenizer", "applies to simulated workers (--fleet sim)")
+    if args.sim_tokenizer is not None:
+        from agent_cache.sim.tokenizing import ModelTokenizer
+
+        ModelTokenizer(args.sim_tokenizer)  # a bad folder is refused here, not by N worker processes
+    if args.fleet == "sim" and args.sglang_version not in SUPPORTED_VERSIONS:
+        raise ConfigError("--sglang-version", f"the simulator serves 0.5.1-{LATEST_VERSION}, "
+                                              f"not {args.sglang_version}")
+    if real_workers and args.time_scale is not None:
+        raise ConfigError("--time-scale", "scales the simulated workers' latency; real workers have their own")
 
 
 def check_redis(url: str) -> None:
@@ -224,7 +264,7 @@ def metrics(results: Sequence[ReplicaResult], n_sessions: int, start: float, wor
 KV_COUNTERS = ("prewarms", "prewarm_hits", "prewarms_refused", "prewarms_failed", "prefixes_gone", "gaps", "batches")
 
 
-def _follow_kv_events(workers: SimWorkers, gateway: AgentCacheGateways,
+def _follow_kv_events(workers: Workers, gateway: AgentCacheGateways,
                       metrics_ports: Sequence[int]) -> Callable[[], dict[str, float]]:
     """Wait until every gateway knows every worker's cache from its events (the workers were flushed before
     the gateway subscribed: each is flushed again until its reset is heard); returns a scrape of the
@@ -255,6 +295,24 @@ def _follow_kv_events(workers: SimWorkers, gateway: AgentCacheGateways,
     return counts
 
 
+def _start_workers(args: argparse.Namespace, procs: Processes, n: int, capacity: int, time_scale: float,
+                   kv_events: bool, log: Callable[[str], None]) -> Workers:
+    """The fleet the policies run on: given by URL, real SGLang servers, or simulated ones."""
+    if args.worker_urls:
+        log(f"using {len(args.worker_urls)} running workers (--worker-urls)")
+        workers: Workers = GivenWorkers(args.worker_urls)
+        workers.flush()  # refuses to start on a worker that will not flush
+        return workers
+    if args.fleet == "sglang":
+        log(f"starting {n} SGLang {args.sglang_version} servers on this CPU ({capacity:,}-token pools)")
+        return SGLangWorkers(procs, n, version=args.sglang_version, capacity_tokens=capacity,
+                             page_size=args.page_size, kv_events=kv_events)
+    log(f"starting {n} simulated workers (time scale {time_scale:g})")
+    return SimWorkers(procs, n, time_scale=time_scale, capacity_tokens=capacity, page_size=args.page_size,
+                      kv_events=kv_events, scripted=args.answer_tokens is None, sglang_version=args.sglang_version,
+                      tokenizer_path=args.sim_tokenizer)
+
+
 def _delete_keys(redis_url: str, prefix: str) -> None:
     from agent_cache.store.redis_store import delete_deployment
 
@@ -278,13 +336,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     kind = "trace" if args.trace else (args.workload or preset.kind)
     log(f"workload: {len(sessions)} sessions ({'trace ' + args.trace if args.trace else kind}), "
         f"built in {time.perf_counter() - t_begin:.1f} s")
+    simulated = args.fleet == "sim" and not args.worker_urls
     config: dict[str, Any] = {
-        "preset": args.preset, "engine": "real", "workload": kind, "trace": args.trace, "workers": n_workers,
-        "replicas": k, "smg_gateways": gateways, "smg_mesh": gateways > 1, "sessions": len(sessions), "rate_sessions_per_s": args.rate or preset.rate,
-        "arrivals": args.arrivals, "capacity_tokens_per_worker": capacity, "page_size": args.page_size,
-        "seed": args.seed, "time_scale": time_scale, "model": DEFAULT_LATENCY.model.name,
-        "gpu": DEFAULT_LATENCY.gpu.name,
-        "max_running_requests": default_max_running_requests(capacity, WorkerOptions().context_length),
+        "preset": args.preset, "engine": "real", "workload": kind, "trace": args.trace,
+        "workers": len(args.worker_urls) if args.worker_urls else n_workers,
+        "replicas": k, "smg_gateways": gateways, "smg_mesh": gateways > 1, "sessions": len(sessions),
+        "rate_sessions_per_s": args.rate or preset.rate, "arrivals": args.arrivals,
+        "capacity_tokens_per_worker": capacity, "page_size": args.page_size, "seed": args.seed,
+        # the simulated workers' latency model; real workers: their engine, version and model (describe())
+        **({"time_scale": time_scale, "model": DEFAULT_LATENCY.model.name, "gpu": DEFAULT_LATENCY.gpu.name,
+            "max_running_requests": default_max_running_requests(capacity, WorkerOptions().context_length)}
+           if simulated else {}),
+        "answer_tokens": args.answer_tokens,
+        "replay": "recorded answers" if simulated and args.answer_tokens is None else "closed-loop",
         "smg_version": smg_version(smg) if smg else None,
         # every flag each smg policy ran with beyond smg's defaults (plus ports, log level and, with
         # several gateways, the mesh flags)
@@ -299,11 +363,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.redis:  # registered first, so it runs last: after every replica has stopped writing
             stack.callback(_delete_keys, args.redis, run_prefix)
         procs = stack.enter_context(Processes())
-        replicas = stack.enter_context(Replicas(k))
-        log(f"starting {n_workers} simulated workers (time scale {time_scale:g}), Redis, {k} load replica(s)")
-        workers = SimWorkers(procs, n_workers, time_scale=time_scale, capacity_tokens=capacity,
-                             page_size=args.page_size, kv_events=GATEWAY_KV_POLICY in names)
+        workers = _start_workers(args, procs, n_workers, capacity, time_scale, GATEWAY_KV_POLICY in names, log)
         stack.callback(workers.close)
+        config.update(workers.describe())
+        log(f"starting Redis and {k} load replica(s)")
+        replicas = stack.enter_context(Replicas(k))
         redis_url = args.redis or start_redis(procs)
         for name in names:
             t_policy = time.perf_counter()
@@ -319,7 +383,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 kv = ["--kv-events", workers.kv_sources, "--prewarm"] if metrics_ports else []
                 gateway = AgentCacheGateways(procs, workers.urls, redis_url=redis_url, count=gateways, args=[
                     "--prefix", f"{run_prefix}-{name}", "--templates", "templatize", "--api-keys", keys,
-                    "--extra-fields", "sim_output", "--timeout", "300", *kv],
+                    *(["--extra-fields", "sim_output"] if workers.scripted else []), "--timeout", "300", *kv],
                     per_gateway_args=[["--metrics-port", str(p)] for p in metrics_ports])
                 if metrics_ports:
                     kv_scrape = _follow_kv_events(workers, gateway, metrics_ports)
@@ -327,7 +391,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 t0 = time.monotonic() + 0.3
                 jobs = [Job(name, sessions[r::k], workers.urls, t0, replica=r, seed=args.seed,
                             gateways=gateway.urls if gateway else (), redis_url=redis_url,
-                            redis_prefix=f"{run_prefix}-{name}", capacity_tokens=capacity) for r in range(k)]
+                            redis_prefix=f"{run_prefix}-{name}", capacity_tokens=capacity, model=workers.model,
+                            scripted=workers.scripted, answer_tokens=args.answer_tokens) for r in range(k)]
 
                 def progress(done: int, name: str = name) -> None:
                     log(f"{name}: {done}/{len(sessions)} sessions")

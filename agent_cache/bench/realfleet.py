@@ -9,6 +9,11 @@ a ``finally``, so nothing is left running after a failure.
   on), a simulator with a real radix cache and the latency model of
   :mod:`agent_cache.sim.latency`, not SGLang; ``flush()`` empties every
   cache between policies, ``kv_tokens()`` reads what the caches hold.
+* :class:`SGLangWorkers`: N real SGLang servers of a release set up by
+  ``agent-cache sglang-cpu setup`` (:mod:`agent_cache.sglang_cpu`), on this
+  CPU with the tiny random-weight model; the same interface.
+* :class:`GivenWorkers`: a user's own running fleet (``--worker-urls``), GPU
+  or not; flushed the same way, never started or stopped.
 * :func:`start_redis`: a private ``redis-server`` (no persistence).
 * :class:`SmgGateways`: the real smg binary with one routing policy, in front
   of the same workers; several gateways join smg's mesh. Flags and headers are the ones ``smg launch --help``
@@ -23,11 +28,13 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import httpx
 
-from agent_cache.errors import BenchProcessError
+from agent_cache.errors import BenchProcessError, ConfigError
+from agent_cache.sglang_cpu.workers import MODEL_DESCRIPTION, SERVED_MODEL, RealWorkers
+from agent_cache.sim.versions import LATEST_VERSION
 from agent_cache.processes import Proc as Proc, Processes as Processes, free_port as free_port, wait_until as wait_until  # noqa: E501  (re-exported)
 
 MODEL = "sim-llama-3.1-8b"  # the simulated workers' served model name (their default)
@@ -71,14 +78,26 @@ def write_gateway_keys(path: str, tenants: Iterable[str]) -> str:
     return path
 
 
+def flush_caches(http: httpx.Client, urls: Sequence[str], procs: Sequence[Proc], timeout: float = 30.0) -> None:
+    """Empty every worker's radix cache (SGLang refuses while requests run: retried until ``timeout``)."""
+    for url in urls:
+        wait_until(lambda: http.post(url + "/flush_cache").status_code == 200, procs, f"/flush_cache of {url}",
+                   timeout)
+
+
 class SimWorkers:
     """N simulated SGLang workers (``agent-cache sim-worker``) on free loopback ports."""
 
+    model = MODEL
+
     def __init__(self, procs: Processes, n: int, *, time_scale: float, capacity_tokens: int, page_size: int = 1,
                  max_running_requests: int | None = None, sglang_version: str | None = None,
-                 kv_events: bool = False) -> None:
+                 kv_events: bool = False, scripted: bool = True, tokenizer_path: str | None = None) -> None:
+        self.scripted = scripted  # asked for the recorded answer (sim_output), else they answer for themselves
         self.urls: list[str] = []
         self._procs: list[Proc] = []
+        self.sglang_version = sglang_version or LATEST_VERSION
+        self.tokenizer_path = tokenizer_path
         sources = []  # with kv_events: each worker's publisher, as agent-cache serve --kv-events names it
         for i in range(n):
             port = free_port()
@@ -95,6 +114,8 @@ class SimWorkers:
                 argv += ["--max-running-requests", str(max_running_requests)]
             if sglang_version is not None:
                 argv += ["--sglang-version", sglang_version]
+            if tokenizer_path is not None:
+                argv += ["--tokenizer-path", tokenizer_path]
             self._procs.append(procs.start(f"sim-worker-{i}", argv))
             self.urls.append(f"http://127.0.0.1:{port}")
         self.kv_sources = ",".join(sources)
@@ -113,11 +134,13 @@ class SimWorkers:
         for p in self._procs:
             p.check()
 
+    def describe(self) -> dict[str, Any]:
+        # the model is the latency model's (the run's config names it)
+        return {"fleet": "sim", "engine_version": self.sglang_version,
+                "tokenizer": self.tokenizer_path or "the simulator's own (cl100k_base)"}
+
     def flush(self, timeout: float = 30.0) -> None:
-        """Empty every worker's cache (a worker refuses while requests run: retried)."""
-        for url in self.urls:
-            wait_until(lambda: self._http.post(url + "/flush_cache").status_code == 200, self._procs,
-                       f"/flush_cache of {url}", timeout)
+        flush_caches(self._http, self.urls, self._procs, timeout)
 
     def kv_tokens(self) -> int | None:
         """Tokens held by the workers' radix caches now, evictable ones included; None if a worker does not say.
@@ -140,6 +163,104 @@ class SimWorkers:
 
     def close(self) -> None:
         self._http.close()
+
+
+class SGLangWorkers:
+    """N real SGLang servers of one set-up release (:mod:`agent_cache.sglang_cpu`) on this machine's CPU:
+    pool ``capacity_tokens``, ``--sleep-on-idle``, metrics and cache report on, KV events when asked."""
+
+    scripted = False  # a real model answers for itself: the load replays closed-loop
+    model = SERVED_MODEL
+
+    def __init__(self, procs: Processes, n: int, *, version: str, capacity_tokens: int, page_size: int = 1,
+                 context_length: int | None = None, kv_events: bool = False) -> None:
+        from agent_cache.sglang_cpu.install import Installed
+
+        installed = Installed.find(version)
+        if installed is None:
+            raise ConfigError("--sglang-version", f"SGLang {version} is not set up on this machine "
+                                                  f"(agent-cache sglang-cpu setup --version {version})")
+        self.version = version
+        self.fleet = RealWorkers(installed, procs=procs)
+        # a request can never be longer than the pool; SGLang wants the context length set for long prompts
+        self.fleet.start(n, max_total_tokens=capacity_tokens, page_size=page_size,
+                         context_length=context_length or max(capacity_tokens, 32768), kv_events=kv_events)
+        self.urls = self.fleet.urls
+        self.kv_sources = ",".join(f"{w.url}={w.kv_endpoint}|{w.kv_replay_endpoint}" for w in self.fleet.workers
+                                   if w.kv_endpoint)
+        self._http = httpx.Client(timeout=30.0)
+
+    def describe(self) -> dict[str, Any]:
+        return {"fleet": "sglang", "engine_version": self.version, "model": MODEL_DESCRIPTION}
+
+    def check(self) -> None:
+        for w in self.fleet.workers:
+            w.proc.check()
+
+    def flush(self, timeout: float = 60.0) -> None:
+        flush_caches(self._http, self.urls, [w.proc for w in self.fleet.workers], timeout)
+
+    def kv_tokens(self) -> int | None:
+        return None  # SGLang reports what its cache holds nowhere over HTTP
+
+    def close(self) -> None:
+        self._http.close()
+        self.fleet.close()
+
+
+class GivenWorkers:
+    """A running fleet given by URL (``--worker-urls``): checked to answer, flushed before each policy, never
+    started or stopped. The model is the first one ``/v1/models`` names."""
+
+    scripted = False
+    kv_sources = ""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self.urls = [u.rstrip("/") for u in urls]
+        self._http = httpx.Client(timeout=30.0)
+        models = []
+        for url in self.urls:
+            try:
+                resp = self._http.get(url + "/v1/models")
+                resp.raise_for_status()
+                models.append(resp.json()["data"][0]["id"])
+            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+                self._http.close()
+                raise ConfigError("--worker-urls", f"{url} does not answer GET /v1/models with a model "
+                                                   f"({type(exc).__name__}: {exc})") from None
+        if len(set(models)) > 1:
+            self._http.close()
+            raise ConfigError("--worker-urls", f"the workers serve different models: {sorted(set(models))}")
+        self.model = models[0]
+        self.versions = sorted({self._version(u) for u in self.urls})
+
+    def _version(self, url: str) -> str:
+        for path in ("/server_info", "/get_server_info"):
+            resp = self._http.get(url + path)
+            if resp.status_code == 200:
+                return str(resp.json().get("version", "unknown"))
+        return "unknown"
+
+    def describe(self) -> dict[str, Any]:
+        return {"fleet": "given", "engine_version": ",".join(self.versions), "model": self.model}
+
+    def check(self) -> None:
+        pass
+
+    def flush(self, timeout: float = 60.0) -> None:
+        try:
+            flush_caches(self._http, self.urls, [], timeout)
+        except BenchProcessError as exc:
+            raise ConfigError("--worker-urls", f"a worker refuses /flush_cache: {exc}") from None
+
+    def kv_tokens(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        self._http.close()
+
+
+Workers = SimWorkers | SGLangWorkers | GivenWorkers
 
 
 def start_redis(procs: Processes) -> str:

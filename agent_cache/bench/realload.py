@@ -36,7 +36,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import httpx
@@ -83,6 +83,9 @@ class Job:
     redis_prefix: str = "agent-cache-bench"
     capacity_tokens: int = 200_000
     timeout_s: float = 300.0
+    model: str = MODEL  # the served model name the calls ask for
+    scripted: bool = True  # ask simulated workers for the recorded answer (sim_output); real ones answer freely
+    answer_tokens: int | None = None  # cap on each call's max_tokens (None: the recorded answer's length)
 
 
 # One call: (session_id, call index, worker, t_start, t_first_token, t_end, prompt, cached, output tokens)
@@ -104,6 +107,25 @@ class _Reply:
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
+    text: str  # the answer, which the session's next calls carry as the assistant's message
+
+
+def closed_loop(chat: ChatCall, answers: Mapping[str, str], answer_tokens: int | None) -> ChatCall:
+    """``chat`` as the session really went: each recorded assistant message replaced by the answer the worker
+    gave (``answers``: recorded text -> returned text), and ``max_tokens`` capped at ``answer_tokens``.
+
+    A model other than the recorded one answers differently, and a prefix cache extends only over what was
+    generated: sent with the recorded answers, every step's prompt would diverge from the cached one right
+    after the previous step's prompt. A recorded answer quoted inside another message (Reflexion's
+    reflection prompt) is left as recorded.
+    """
+    messages = chat.messages
+    if answers:
+        messages = tuple({**m, "content": answers[m["content"]]}
+                         if m.get("role") == "assistant" and isinstance(m.get("content"), str)
+                         and m["content"] in answers else m for m in chat.messages)
+    cap = chat.output_tokens if answer_tokens is None else min(chat.output_tokens, answer_tokens)
+    return replace(chat, messages=messages, output_tokens=max(1, cap))
 
 
 def _served_by(resp: httpx.Response, base: str) -> str:
@@ -114,21 +136,24 @@ def _served_by(resp: httpx.Response, base: str) -> str:
 class ChatClient:
     """Sends one chat completion (streamed unless ``stream=False``) and measures it."""
 
-    def __init__(self, timeout: float, *, stream: bool = True) -> None:
+    def __init__(self, timeout: float, *, stream: bool = True, model: str = MODEL, scripted: bool = True) -> None:
         limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), limits=limits)
         self.stream = stream
+        self.model = model
+        self.scripted = scripted
 
-    async def send(self, base: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
-                   chat: ChatCall, extra_key: str | None = None, headers: dict[str, str] | None = None) -> _Reply:
-        body = build_chat_body(list(messages), model=MODEL, stream=self.stream, include_usage=True, url=base,
-                               tools=list(tools) if tools else None, max_tokens=chat.output_tokens,
-                               extra_key=extra_key, extra_body={"sim_output": chat.output})
+    async def send(self, base: str, chat: ChatCall, headers: dict[str, str] | None = None) -> _Reply:
+        body = build_chat_body(list(chat.messages), model=self.model, stream=self.stream, include_usage=True,
+                               url=base, tools=list(chat.tools) if chat.tools else None,
+                               max_tokens=chat.output_tokens, temperature=0.0,
+                               extra_body={"sim_output": chat.output} if self.scripted else None)
         if not self.stream:
             return await self._send_whole(base, body, headers)
         t_first = 0.0
         usage = None
         worker = base
+        text: list[str] = []
         try:
             async with self.http.stream("POST", base + "/v1/chat/completions", json=body,
                                         headers=headers) as resp:
@@ -148,8 +173,9 @@ class ChatClient:
                     except ValueError:
                         raise MalformedResponseError("stream chunk is not JSON", url=base) from None
                     chunk = parse_chat_chunk(data, base)
-                    if chunk.content and not t_first:
-                        t_first = time.monotonic()
+                    if chunk.content:
+                        t_first = t_first or time.monotonic()
+                        text.append(chunk.content)
                     if chunk.usage is not None:
                         usage = chunk.usage
                 if not done:
@@ -159,7 +185,7 @@ class ChatClient:
         if usage is None:
             raise MalformedResponseError("no usage chunk in the stream", url=base)
         return _Reply(worker, t_first or time.monotonic(), usage.prompt_tokens, usage.cached_tokens or 0,
-                      usage.completion_tokens)
+                      usage.completion_tokens, "".join(text))
 
     async def _send_whole(self, base: str, body: dict[str, Any], headers: dict[str, str] | None) -> _Reply:
         """A non-streamed call: its first token is its whole answer."""
@@ -174,7 +200,7 @@ class ChatClient:
             raise MalformedResponseError("no usage in the response", url=base)
         usage = result.usage
         return _Reply(_served_by(resp, base), time.monotonic(), usage.prompt_tokens, usage.cached_tokens or 0,
-                      usage.completion_tokens)
+                      usage.completion_tokens, result.content or "")
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -196,16 +222,14 @@ class _ClientSide:
     def inflight(self, i: int) -> int:
         return self._inflight[i]
 
-    async def call(self, session: SessionSpec, call: CallSpec) -> _Reply:
+    async def call(self, session: SessionSpec, call: CallSpec, chat: ChatCall) -> _Reply:
         from agent_cache.bench.policies import Dispatch
 
-        chat = call.chat
-        assert chat is not None
         dispatch = Dispatch(session.session_id, session.tenant, call.raw_template, call.raw_template_tokens, 0)
         i = self.policy.route(dispatch, self)
         self._inflight[i] += 1
         try:
-            reply = await self.client.send(self.workers[i], chat.messages, chat.tools, chat)
+            reply = await self.client.send(self.workers[i], chat)
         finally:
             self._inflight[i] -= 1
         self.policy.completed(dispatch, i, reply.prompt_tokens, reply.cached_tokens)
@@ -219,46 +243,62 @@ class _ClientSide:
 
 
 class _AgentCache:
-    """The real Templater and Router over the shared Redis store."""
+    """``ChatSGLang``, called as an application calls it (one model per tenant, ``astream`` with the session id),
+    over one Router on the shared Redis store: templates, routing, the call pipeline and the served hook are
+    the product's own."""
 
     def __init__(self, job: Job, client: ChatClient) -> None:
         from agent_cache.routing import Router
 
+        self.job = job
+        self.stream = client.stream  # False: whole answers (ainvoke)
         self.mode = AGENT_CACHE_POLICIES[job.policy]
         self.router = Router(list(job.workers), redis_url=job.redis_url, prefix=job.redis_prefix,
                              probe_interval=None, capacities={u: job.capacity_tokens for u in job.workers})
-        self.client = client
-        self._templaters: dict[str, Any] = {}
+        self._models: dict[str, Any] = {}
 
-    def _templater(self, tenant: str) -> Any:
-        from agent_cache.templates import Templater
+    def _model(self, tenant: str) -> Any:
+        from agent_cache.langchain import ChatSGLang
 
-        t = self._templaters.get(tenant)
-        if t is None:
-            t = self._templaters[tenant] = Templater(self.mode, tenant=tenant)
-        return t
+        model = self._models.get(tenant)
+        if model is None:
+            model = self._models[tenant] = ChatSGLang(router=self.router, tenant=tenant, templates=self.mode,
+                                                      model=self.job.model, temperature=0.0,
+                                                      timeout=self.job.timeout_s)
+        return model
 
-    async def call(self, session: SessionSpec, call: CallSpec) -> _Reply:
-        from agent_cache.routing import RouteRequest
-
-        chat = call.chat
-        assert chat is not None
-        prompt = self._templater(session.tenant).normalize(chat.messages, chat.tools, session_id=session.session_id)
-        request = RouteRequest(session_id=session.session_id, template_id=prompt.template_id, tenant=session.tenant,
-                               prompt_tokens_estimate=prompt.template_tokens)
-        extra_key = self.router.extra_key_for(session.tenant)
-
-        def send(url: str) -> Awaitable[_Reply]:
-            return self.client.send(url, prompt.messages, prompt.tools, chat, extra_key)
-
-        reply, placement = await self.router.aexecute(request, send)
-        await self.router.areport(placement, prompt_tokens=reply.prompt_tokens, cached_tokens=reply.cached_tokens)
-        return reply
+    async def call(self, session: SessionSpec, call: CallSpec, chat: ChatCall) -> _Reply:
+        options: dict[str, Any] = {"session_id": session.session_id, "max_tokens": chat.output_tokens}
+        if chat.tools:
+            options["tools"] = list(chat.tools)
+        if self.job.scripted:
+            options["extra_body"] = {"sim_output": chat.output}
+        model = self._model(session.tenant)
+        t_first = 0.0
+        text: list[str] = []
+        last = None
+        if not self.stream:  # a whole answer: its first token is all of it
+            last = await model.ainvoke(list(chat.messages), **options)
+            text.append(str(last.content))
+        else:
+            async for chunk in model.astream(list(chat.messages), **options):
+                if isinstance(chunk.content, str) and chunk.content:
+                    t_first = t_first or time.monotonic()
+                    text.append(chunk.content)
+                if chunk.usage_metadata is not None:
+                    last = chunk
+        if last is None or last.usage_metadata is None:
+            raise MalformedResponseError("no usage in the answer", url="")
+        usage = last.usage_metadata
+        return _Reply(str(last.response_metadata["worker"]), t_first or time.monotonic(), usage["input_tokens"],
+                      int(last.response_metadata.get("cached_tokens") or 0), usage["output_tokens"], "".join(text))
 
     def session_done(self, session_id: str) -> None:
         pass
 
     async def aclose(self) -> None:
+        for model in self._models.values():
+            await model.aclose()
         await self.router.aclose()
 
 
@@ -275,16 +315,14 @@ class _Gateway:
         self.keyed = not self.ours and SMG_POLICIES[job.policy] == "consistent_hashing"
         self.client = client
 
-    async def call(self, session: SessionSpec, call: CallSpec) -> _Reply:
-        chat = call.chat
-        assert chat is not None
+    async def call(self, session: SessionSpec, call: CallSpec, chat: ChatCall) -> _Reply:
         url = self.urls[self.next % len(self.urls)]
         self.next += 1
         headers = {ROUTING_KEY_HEADER: session.session_id} if self.keyed else None
         if self.ours:
             headers = {GATEWAY_SESSION_HEADER: session.session_id,
                        "authorization": f"Bearer {gateway_key(session.tenant)}"}
-        return await self.client.send(url, chat.messages, chat.tools, chat, headers=headers)
+        return await self.client.send(url, chat, headers=headers)
 
     def session_done(self, session_id: str) -> None:
         pass
@@ -306,7 +344,7 @@ def call_path(job: Job, client: ChatClient) -> _ClientSide | _AgentCache | _Gate
 
 async def run_job(job: Job, on_session_done: Callable[[], None] | None = None) -> ReplicaResult:
     """Drive ``job.sessions`` closed-loop against the fleet; returns every call's measurements."""
-    client = ChatClient(job.timeout_s)
+    client = ChatClient(job.timeout_s, model=job.model, scripted=job.scripted)
     router = call_path(job, client)
     result = ReplicaResult()
 
@@ -314,12 +352,16 @@ async def run_job(job: Job, on_session_done: Callable[[], None] | None = None) -
         arrival = job.t0 + spec.arrival_s
         await asyncio.sleep(max(0.0, arrival - time.monotonic()))
         end = arrival
+        answers: dict[str, str] = {}  # recorded answer -> the worker's (closed loop)
         try:
             for k, call in enumerate(spec.start(chat=True)):
                 if k and call.think_s > 0:
                     await asyncio.sleep(call.think_s)
+                assert call.chat is not None
+                chat = closed_loop(call.chat, answers, job.answer_tokens)
                 t_start = time.monotonic()
-                reply = await router.call(spec, call)
+                reply = await router.call(spec, call, chat)
+                answers[call.chat.output] = reply.text
                 end = time.monotonic()
                 result.calls.append((spec.session_id, k, reply.worker, t_start, reply.t_first, end,
                                      reply.prompt_tokens, reply.cached_tokens, reply.output_tokens))

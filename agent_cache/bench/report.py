@@ -150,11 +150,20 @@ def results_markdown(doc: Mapping[str, Any]) -> str:
 
 def _real_markdown(doc: Mapping[str, Any]) -> str:
     cfg = doc["config"]
+    fleet = cfg.get("fleet", "sim")
+    if fleet == "sim":
+        fleet_text = (f"{cfg['workers']} simulated SGLang workers (`agent-cache sim-worker`: a real radix cache; latency "
+                   "from the simulator's latency model `agent_cache.sim.latency` at time scale "
+                   f"{cfg['time_scale']:g}, not GPUs)")
+    elif fleet == "sglang":
+        fleet_text = (f"{cfg['workers']} real SGLang {cfg['engine_version']} servers on this CPU ({cfg['model']}: "
+                   "hit rates are RadixAttention's own; times are a toy model's on a CPU, directional only)")
+    else:
+        fleet_text = f"{cfg['workers']} running workers given by URL (SGLang {cfg['engine_version']}, {cfg['model']})"
     lines = ["# Real-process benchmark results", "",
-             f"Real processes on this machine ({cfg.get('cpu_count')} CPUs, shared): {cfg['workers']} simulated SGLang "
-             "workers (`agent-cache sim-worker`: a real radix cache; latency from the simulator's latency model "
-             f"`agent_cache.sim.latency` at time scale {cfg['time_scale']:g}, not GPUs), a real Redis, "
-             f"{cfg['replicas']} router replica process(es) driving closed-loop sessions from an async client, and "
+             f"Real processes on this machine ({cfg.get('cpu_count')} CPUs, shared): {fleet_text}, a real Redis, "
+             f"{cfg['replicas']} router replica process(es) driving {cfg.get('replay', 'recorded-answer')} sessions "
+             "from an async client, and "
              f"the real smg gateway {cfg.get('smg_version') or '(not installed: smg policies skipped)'} in front of "
              "the same workers for the `smg-*` policies. Hit rates are the workers' reported `cached_tokens`; "
              "latencies are measured at the client. `oracle` and `no-cache` exist only in the sim engine.", "",

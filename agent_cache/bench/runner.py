@@ -2,8 +2,10 @@
 
 Two engines: ``--engine sim`` (default), a virtual-clock fleet simulation
 (:mod:`agent_cache.bench.fleetsim`); ``--engine real``, real processes:
-simulated worker servers, Redis, router replica processes and the smg
-gateway (:mod:`agent_cache.bench.realengine`, which has its own presets).
+worker servers (simulated, real SGLang on this CPU with ``--fleet sglang``,
+or a running fleet with ``--worker-urls``), Redis, router replica processes
+and the smg gateway (:mod:`agent_cache.bench.realengine`, which has its own
+presets).
 
 Presets of the sim engine:
 
@@ -53,6 +55,7 @@ from agent_cache.bench.workloads import KINDS
 from agent_cache.errors import AgentCacheError, ConfigError
 from agent_cache.placement.rule import Policy
 from agent_cache.routing.config import check_policy
+from agent_cache.sglang_cpu import LATEST_ENGINE
 from agent_cache.sim.latency import LatencyModel
 from agent_cache.sim.latency_flags import add_latency_args, latency_from_args
 
@@ -127,6 +130,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gateways", type=int, default=1, metavar="K",
                    help="real engine: smg gateways per smg policy, joined in smg's mesh, each call sent to the next "
                         "one in turn (default 1)")
+    p.add_argument("--fleet", choices=("sim", "sglang"), default="sim",
+                   help="real engine: the workers it starts: simulated ones (agent-cache sim-worker) or real SGLang "
+                        "servers on this CPU, set up by 'agent-cache sglang-cpu setup' (default sim)")
+    p.add_argument("--sglang-version", default=LATEST_ENGINE, metavar="0.5.N",
+                   help=f"real engine: the set-up release to run (--fleet sglang), or the release the simulated "
+                        f"workers emulate (default {LATEST_ENGINE})")
+    p.add_argument("--sim-tokenizer", metavar="DIR",
+                   help="real engine, --fleet sim: the workers count tokens with this model folder's tokenizer and "
+                        "chat template, as a real server of that model does (needs agent-cache[bench])")
+    p.add_argument("--worker-urls", metavar="URL[,URL...]",
+                   help="real engine: run against these running workers (your own fleet, GPU or not) instead of "
+                        "starting any; each one's cache is flushed before every policy")
+    p.add_argument("--answer-tokens", type=int, metavar="N",
+                   help="real engine: workers answer for themselves, at most N tokens per call, and each session "
+                        "is replayed closed-loop (real workers always are; without it, simulated workers answer "
+                        "the recorded text)")
     p.add_argument("--time-scale", type=float, metavar="S",
                    help="real engine: the simulated workers' latency model x S (1 = real time, 0 = instant; "
                         "default: the preset's)")
@@ -151,7 +170,8 @@ def _positive(name: str, value: float | None) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for flag in ("workers", "replicas", "sessions", "rate", "page_size", "slo_ttft_p99", "speedup", "seeds"):
+    for flag in ("workers", "replicas", "sessions", "rate", "page_size", "slo_ttft_p99", "speedup", "seeds",
+                 "answer_tokens"):
         _positive("--" + flag.replace("_", "-"), getattr(args, flag))
     if args.trace and not os.path.isfile(args.trace):
         raise ConfigError("--trace", f"no such file: {args.trace}")
@@ -165,8 +185,13 @@ def _check(args: argparse.Namespace) -> None:
 
         realengine.check(args)
         return
-    if args.time_scale is not None:
-        raise ConfigError("--time-scale", "applies only to --engine real")
+    for flag, given in (("--time-scale", args.time_scale is not None), ("--fleet", args.fleet != "sim"),
+                        ("--worker-urls", args.worker_urls is not None),
+                        ("--answer-tokens", args.answer_tokens is not None),
+                        ("--sim-tokenizer", args.sim_tokenizer is not None),
+                        ("--sglang-version", args.sglang_version != LATEST_ENGINE)):
+        if given:
+            raise ConfigError(flag, "applies only to --engine real")
     if args.preset == "pressure" and args.capacity_tokens is not None:  # it would be ignored: say so
         multiples = ", ".join(f"x{m:g}" for m in pressure.MULTIPLES)
         raise ConfigError("--capacity-tokens", f"--preset pressure runs its own capacities ({multiples} of the "

@@ -23,6 +23,8 @@ from agent_cache.sglang_cpu.install import Installed
 
 STARTUP_TIMEOUT_S = 300.0  # healthy after 16-50 s alone; several starting at once share two cores
 KV_TOPIC = "kv-events"
+SERVED_MODEL = "tiny-llama"  # the name the servers answer to (--served-model-name)
+MODEL_DESCRIPTION = "tiny Llama (2 layers, hidden 64, 4,096-token BPE vocabulary), random weights"
 # On CPU SGLang profiles system memory for the KV pool: servers starting together see each other's weights,
 # and a small fraction fails with "no memory for the KV cache". --max-total-tokens sets the pool anyway.
 MEM_FRACTION_STATIC = 0.3
@@ -78,7 +80,7 @@ class RealWorkers:
                 "--disable-cuda-graph", "--enable-cache-report", "--enable-metrics", "--sleep-on-idle",
                 "--mem-fraction-static", str(MEM_FRACTION_STATIC), "--max-total-tokens", str(max_total_tokens),
                 "--page-size", str(page_size), "--context-length", str(context_length),
-                "--served-model-name", "tiny-llama", "--log-level", "warning", *extra_args]
+                "--served-model-name", SERVED_MODEL, "--log-level", "warning", *extra_args]
         endpoint = replay = None
         if kv_events:
             endpoint = f"ipc://{self.procs.dir}/kv-{port}.pub"

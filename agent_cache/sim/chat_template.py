@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import tiktoken
 
@@ -62,16 +62,17 @@ class StreamDecoder:
     only the ids since the last settled point are decoded again (not the whole answer on
     every step), and a piece that ends inside a UTF-8 character waits for the next ids."""
 
-    def __init__(self, ids: Sequence[int]) -> None:
+    def __init__(self, ids: Sequence[int], decode: Callable[[Sequence[int]], str] = decode) -> None:
         self.ids = ids
+        self._decode = decode
         self.text = ""  # everything handed out so far
         self._surr = 0  # start of the ids decoded again for context
         self._read = 0  # ids whose text is handed out
 
     def upto(self, n: int) -> str:
         """The new text of ``ids[:n]`` (empty while it ends inside a character)."""
-        settled = decode(self.ids[self._surr:self._read])
-        fresh = decode(self.ids[self._surr:n])
+        settled = self._decode(self.ids[self._surr:self._read])
+        fresh = self._decode(self.ids[self._surr:n])
         if fresh.endswith("\ufffd") and n < len(self.ids):
             return ""
         piece = fresh[len(settled):]

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from agent_cache.sim.chat_template import decode, encode_text
+from agent_cache.sim.tokenizing import ChatTokenizer, chat_tokenizer
 from agent_cache.sim.kv_publisher import create_sink
 from agent_cache.sim.latency import DEFAULT_LATENCY, LatencyModel
 from agent_cache.sim.radix import RadixCache
@@ -50,6 +50,7 @@ class WorkerOptions:
     startup_seconds: float = 0.0  # /health answers 503 this long after start
     latency: LatencyModel = DEFAULT_LATENCY
     kv_events_config: str | None = None  # --kv-events-config: SGLang's JSON (publisher "zmq" publishes)
+    tokenizer_path: str | None = None  # --tokenizer-path: a real model's tokenizer (None: the simulator's own)
 
     def scheduler_config(self) -> SchedulerConfig:
         version = SGLangVersion.parse(self.sglang_version)
@@ -92,7 +93,8 @@ class Aborted(RuntimeError):
     """The request was aborted inside the worker (SGLang's ``finish_reason: abort``)."""
 
 
-def apply_stop(text: str, stop: Sequence[str] | None, max_tokens: int | None) -> tuple[list[int], str, str, str | None]:
+def apply_stop(text: str, stop: Sequence[str] | None, max_tokens: int | None,
+               tokenizer: ChatTokenizer) -> tuple[list[int], str, str, str | None]:
     """Cut ``text`` at the first stop string and at ``max_tokens`` tokens."""
     finish, matched = "stop", None
     if stop:
@@ -100,10 +102,10 @@ def apply_stop(text: str, stop: Sequence[str] | None, max_tokens: int | None) ->
         if cut:
             pos, matched = min(cut)
             text = text[:pos]
-    ids = list(encode_text(text))
+    ids = list(tokenizer.encode_text(text))
     if max_tokens is not None and len(ids) > max_tokens:
         ids = ids[:max_tokens]
-        text = decode(ids)
+        text = tokenizer.decode(ids)
         finish, matched = "length", None
     return ids, text, finish, matched
 
@@ -119,6 +121,7 @@ class Engine:
     def __init__(self, options: WorkerOptions | None = None) -> None:
         self.options = options or WorkerOptions()
         self.version = SGLangVersion.parse(self.options.sglang_version)
+        self.tokenizer = chat_tokenizer(self.options.tokenizer_path)
         self.model = WorkerModel(self.options.scheduler_config())
         self.kv_events = create_sink(self.options.kv_events_config, self.version.kv_event_format)
         if self.kv_events is not None:  # the idle loop publishes the start-up AllBlocksCleared

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agent_cache.sim.chat_template import StreamDecoder, encode_text, render_ids
+from agent_cache.sim.chat_template import StreamDecoder
 from agent_cache.sim.engine import Engine, PromptTooLong, WorkerOptions, apply_stop, new_rid
 from agent_cache.sim.outputs import plan_output
 from agent_cache.sim.state import StateRoutes
@@ -217,7 +217,7 @@ class SimServer:
         if tools and self.engine.version.minor < 9:
             # before 0.5.9 the template gets each tool's bare function dict
             tools = [t.get("function", t) if isinstance(t, Mapping) else t for t in tools]
-        prompt_ids = render_ids(messages, tools)
+        prompt_ids = self.engine.tokenizer.render_ids(messages, tools)
         try:
             self.engine.check_prompt(prompt_ids)
         except PromptTooLong as exc:
@@ -225,9 +225,10 @@ class SimServer:
         plan = plan_output(body, prompt_ids)
         if plan.tool_calls:
             text = "".join(c["function"]["arguments"] for c in plan.tool_calls)
-            output_ids, finish, matched = list(encode_text(text)), "tool_calls", None
+            output_ids, finish, matched = list(self.engine.tokenizer.encode_text(text)), "tool_calls", None
         else:
-            output_ids, text, finish, matched = apply_stop(plan.text, _stops(body.get("stop")), max_tokens)
+            output_ids, text, finish, matched = apply_stop(plan.text, _stops(body.get("stop")), max_tokens,
+                                                           self.engine.tokenizer)
         rid = str(body.get("rid") or new_rid())  # SGLang's chat id is the request id, no prefix
         model = str(body.get("model") or self.options.served_model_name)
         key = _cache_key(self.engine, body)
@@ -277,7 +278,7 @@ class SimServer:
         # SGLang sends the role chunk with the first generated output, i.e. after the prefill
         # (serving_chat._generate_chat_stream), so a client's first byte comes at the first token
         role = chunk({"role": "assistant", "content": ""})
-        stream_text = StreamDecoder(output_ids)
+        stream_text = StreamDecoder(output_ids, self.engine.tokenizer.decode)
         async with self._serving(prompt_ids, output_ids, max_tokens, key) as (progress, task):
             sent = 0
             calls_sent = False
@@ -321,7 +322,7 @@ class SimServer:
             body = await _json_body(request)
             prompt = body.get("prompt")
             if isinstance(prompt, str):
-                prompt_ids = list(encode_text(prompt))
+                prompt_ids = list(self.engine.tokenizer.encode_text(prompt))
             elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
                 prompt_ids = list(prompt)
             else:
@@ -337,7 +338,8 @@ class SimServer:
             return _error(str(exc))
         plan = plan_output({"messages": [], "sim_output": body.get("sim_output")}, prompt_ids)
         output_ids, text, finish, matched = apply_stop(plan.text, _stops(body.get("stop")),
-                                                       16 if max_tokens is None else max_tokens)  # OpenAI's default
+                                                       16 if max_tokens is None else max_tokens,  # OpenAI's default
+                                                       self.engine.tokenizer)
         rid, created = str(body.get("rid") or new_rid()), int(time.time())
         model = str(body.get("model") or self.options.served_model_name)
         key = _cache_key(self.engine, body)
@@ -357,7 +359,7 @@ class SimServer:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         async def events() -> AsyncIterator[bytes]:
-            stream_text = StreamDecoder(output_ids)
+            stream_text = StreamDecoder(output_ids, self.engine.tokenizer.decode)
             async with self._serving(prompt_ids, output_ids, max_tokens, key) as (progress, task):
                 sent = 0
                 while sent < len(output_ids):
@@ -381,7 +383,7 @@ class SimServer:
         try:
             body = await _json_body(request)
             if "text" in body and isinstance(body["text"], str):
-                prompt_ids = list(encode_text(body["text"]))
+                prompt_ids = list(self.engine.tokenizer.encode_text(body["text"]))
             elif isinstance(body.get("input_ids"), list) and all(isinstance(i, int) for i in body["input_ids"]):
                 prompt_ids = list(body["input_ids"])
             else:
@@ -399,12 +401,14 @@ class SimServer:
             return _generate_error(str(exc))
         plan = plan_output({"messages": [], "sim_output": body.get("sim_output")}, prompt_ids)
         max_new = params.get("max_new_tokens", 128)
-        output_ids, text, finish, matched = apply_stop(plan.text, _stops(params.get("stop")), max_new)
+        output_ids, text, finish, matched = apply_stop(plan.text, _stops(params.get("stop")), max_new,
+                                                       self.engine.tokenizer)
         rid = str(body.get("rid") or new_rid())
         key = _cache_key(self.engine, body)
         version = self.engine.version
         start = time.monotonic()
-        stream_text = StreamDecoder(output_ids)  # the text so far, as SGLang's detokenizer builds it
+        # the text so far, as SGLang's detokenizer builds it
+        stream_text = StreamDecoder(output_ids, self.engine.tokenizer.decode)
 
         def result(cached: int, upto: int, sent: int, done: bool) -> dict[str, Any]:
             reason: Any = None
@@ -457,13 +461,13 @@ class SimServer:
             return _error(str(exc))
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            ids = list(encode_text(prompt))
+            ids = list(self.engine.tokenizer.encode_text(prompt))
             return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.options.context_length})
         if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-            ids_list = [list(encode_text(p)) for p in prompt]
+            ids_list = [list(self.engine.tokenizer.encode_text(p)) for p in prompt]
             return JSONResponse({"tokens": ids_list, "count": [len(i) for i in ids_list], "max_model_len": self.options.context_length})
         if isinstance(body.get("messages"), list):
-            ids = render_ids(body["messages"], body.get("tools"))
+            ids = self.engine.tokenizer.render_ids(body["messages"], body.get("tools"))
             return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.options.context_length})
         return _error("Field 'prompt' (a string or list of strings) or 'messages' is required")
 

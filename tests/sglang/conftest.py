@@ -16,12 +16,12 @@ import pytest
 
 from agent_cache.sglang_cpu import LATEST_ENGINE
 from agent_cache.sglang_cpu.install import VERSION_ENV, Installed
+from agent_cache.sglang_cpu.workers import SERVED_MODEL as MODEL  # noqa: F401  (the tier's tests import it)
 from agent_cache.sglang_cpu.workers import RealWorker, RealWorkers
 
 ENGINE_VERSION = os.environ.get(VERSION_ENV, LATEST_ENGINE)
 NO_SGLANG = (f"real SGLang {ENGINE_VERSION} is not set up "
              f"(agent-cache sglang-cpu setup --version {ENGINE_VERSION})")
-MODEL = "tiny-llama"  # the served model name the harness gives
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
