@@ -2,7 +2,9 @@
 
 One simulated worker with an instant latency model (``--time-scale 0``), so a
 call costs only HTTP, the worker's tokenizer and radix cache, and the routing
-path in front of it. The same ReAct calls go, one at a time, through:
+path in front of it; or, with ``--fleet sglang``, one real SGLang server on
+this CPU (the tiny model, answers capped at ``--answer-tokens``), so the
+paths are compared on the real HTTP and SSE stack. The same ReAct calls go, one at a time, through:
 
 * ``direct``: the client straight to the worker (the baseline);
 * ``agent-cache (memory)``: the product's client path in process
@@ -47,15 +49,17 @@ from agent_cache.bench.realfleet import (
     SMG_POLICIES,
     AgentCacheGateways,
     Processes,
+    SGLangWorkers,
     SimWorkers,
     SmgGateways,
     start_delayed,
     start_redis,
     write_gateway_keys,
 )
-from agent_cache.bench.realload import ChatClient, Job, call_path
+from agent_cache.bench.realload import ChatClient, Job, call_path, closed_loop
 from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate
 from agent_cache.errors import AgentCacheError, ConfigError
+from agent_cache.sglang_cpu import LATEST_ENGINE
 
 DIRECT = "direct"
 SMG_PATHS = ("smg-cache_aware", "smg-consistent_hashing")
@@ -87,7 +91,8 @@ def _summary(latencies: Sequence[float], ttfts: Sequence[float]) -> dict[str, fl
 
 
 async def measure(paths: dict[str, Any], sessions: Sequence[SessionSpec], calls: int,
-                  log: Callable[[str], None], warmup: int = WARMUP_CALLS) -> dict[str, dict[str, float]]:
+                  log: Callable[[str], None], warmup: int = WARMUP_CALLS,
+                  answer_tokens: int | None = None) -> dict[str, dict[str, float]]:
     """Send the sessions' calls through every path in turn until ``calls`` per path (after ``warmup``
     unrecorded ones: connections, scripts, tokenizer); per-path summaries."""
     names = list(paths)
@@ -99,10 +104,12 @@ async def measure(paths: dict[str, Any], sessions: Sequence[SessionSpec], calls:
         for call in spec.start(chat=True):
             if turn >= calls + warmup:
                 break
+            assert call.chat is not None
+            chat = closed_loop(call.chat, {}, answer_tokens)
             order = names[turn % len(names):] + names[:turn % len(names)]
             for name in order:
                 t0 = time.monotonic()
-                reply = await paths[name].call(own[name], call, call.chat)
+                reply = await paths[name].call(own[name], call, chat)
                 end = time.monotonic()
                 if turn >= warmup:
                     lat[name].append(end - t0)
@@ -123,7 +130,7 @@ async def measure(paths: dict[str, Any], sessions: Sequence[SessionSpec], calls:
 
 
 async def throughput(paths: dict[str, Any], sessions: Sequence[SessionSpec], calls: int, concurrency: int,
-                     log: Callable[[str], None]) -> dict[str, float]:
+                     log: Callable[[str], None], answer_tokens: int | None = None) -> dict[str, float]:
     """Calls per second of each path, in turn, with ``concurrency`` sessions in flight (closed loop)."""
     out: dict[str, float] = {}
     for name, path in paths.items():
@@ -137,7 +144,8 @@ async def throughput(paths: dict[str, Any], sessions: Sequence[SessionSpec], cal
                 for call in spec.start(chat=True):
                     if done >= calls:
                         break
-                    await path.call(spec, call, call.chat)
+                    assert call.chat is not None
+                    await path.call(spec, call, closed_loop(call.chat, {}, answer_tokens))
                     done += 1
                 path.session_done(spec.session_id)
 
@@ -172,21 +180,27 @@ def _sessions(calls: int, seed: int) -> list[SessionSpec]:
     return generate(WorkloadParams(kind="react", sessions=max(8, (calls + WARMUP_CALLS) // 3), rate=1.0, seed=seed))
 
 
-async def _run(worker: str, redis_url: str, gateways: dict[str, str], sessions: Sequence[SessionSpec], calls: int,
-               seed: int, log: Callable[[str], None], stream: bool = True, concurrency: int = 0,
-               delete_url: str | None = None) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
-    client = ChatClient(timeout=60.0, stream=stream)
+async def _run(workers: SimWorkers | SGLangWorkers, redis_url: str, gateways: dict[str, str],
+               sessions: Sequence[SessionSpec], calls: int, seed: int, log: Callable[[str], None], stream: bool = True,
+               concurrency: int = 0, delete_url: str | None = None,
+               answer_tokens: int | None = None) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    worker = workers.urls[0]
+    client = ChatClient(timeout=60.0, stream=stream, model=workers.model, scripted=workers.scripted)
     prefix = f"agent-cache-overhead-{uuid.uuid4().hex[:8]}"
     paths: dict[str, Any] = {DIRECT: _Direct(worker, client)}
-    paths["agent-cache (memory)"] = call_path(Job("agent-cache", (), [worker], 0.0, seed=seed), client)
-    paths["agent-cache (Redis)"] = call_path(Job("agent-cache", (), [worker], 0.0, seed=seed, redis_url=redis_url,
-                                                 redis_prefix=prefix), client)
+
+    def job(policy: str, **kwargs: Any) -> Job:
+        return Job(policy, (), [worker], 0.0, seed=seed, model=workers.model, scripted=workers.scripted, **kwargs)
+
+    paths["agent-cache (memory)"] = call_path(job("agent-cache"), client)
+    paths["agent-cache (Redis)"] = call_path(job("agent-cache", redis_url=redis_url, redis_prefix=prefix), client)
     for name, url in gateways.items():
-        policy = GATEWAY_PATH if name.startswith(GATEWAY_PATH) else name
-        paths[name] = call_path(Job(policy, (), [worker], 0.0, seed=seed, gateways=(url,)), client)
+        paths[name] = call_path(job(GATEWAY_PATH if name.startswith(GATEWAY_PATH) else name, gateways=(url,)),
+                                client)
     try:
-        latency = await measure(paths, sessions, calls, log)
-        rates = await throughput(paths, sessions, calls, concurrency, log) if concurrency > 0 else {}
+        latency = await measure(paths, sessions, calls, log, answer_tokens=answer_tokens)
+        rates = (await throughput(paths, sessions, calls, concurrency, log, answer_tokens)
+                 if concurrency > 0 else {})
         return latency, rates
     finally:
         for path in paths.values():
@@ -219,6 +233,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--transports", default="", metavar="NAMES",
                    help="one gateway per transport to the worker, e.g. 'httpx,fast' (default: one gateway, "
                         "its default transport)")
+    p.add_argument("--fleet", choices=("sim", "sglang"), default="sim",
+                   help="the worker: simulated with an instant latency model (default), or a real SGLang server on "
+                        "this CPU (agent-cache sglang-cpu setup), so the real HTTP and SSE stack is measured")
+    p.add_argument("--sglang-version", default=LATEST_ENGINE, metavar="0.5.N",
+                   help=f"--fleet sglang: the set-up release (default {LATEST_ENGINE})")
+    p.add_argument("--answer-tokens", type=int, default=None, metavar="N",
+                   help="cap every answer at N tokens (default: the recorded length; 16 with --fleet sglang)")
     p.add_argument("--out", metavar="FILE", help="also write the results as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     args = p.parse_args(argv)
@@ -229,6 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("--calls", f"at least 10 calls per path, got {args.calls}")
         if args.concurrency < 0:
             raise ConfigError("--concurrency", f"must be >= 0, got {args.concurrency}")
+        if args.answer_tokens is not None and args.answer_tokens < 1:
+            raise ConfigError("--answer-tokens", f"must be >= 1, got {args.answer_tokens}")
+        if args.fleet == "sglang" and args.answer_tokens is None:
+            args.answer_tokens = 16  # a CPU decodes slowly: short answers keep the run about the path
         if not args.store_delay_ms >= 0:
             raise ConfigError("--store-delay-ms", f"must be >= 0, got {args.store_delay_ms}")
         if args.redis is not None:
@@ -240,8 +265,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             log("smg is not installed (pip install smg): the smg paths are skipped")
         with ExitStack() as stack:
             procs = stack.enter_context(Processes())
-            log("starting one simulated worker (time scale 0)" + (" and smg" if smg else ""))
-            workers = SimWorkers(procs, 1, time_scale=0.0, capacity_tokens=1_000_000)
+            workers: SimWorkers | SGLangWorkers
+            if args.fleet == "sglang":
+                log(f"starting one SGLang {args.sglang_version} server on this CPU" + (" and smg" if smg else ""))
+                workers = SGLangWorkers(procs, 1, version=args.sglang_version, capacity_tokens=200_000)
+            else:
+                log("starting one simulated worker (time scale 0)" + (" and smg" if smg else ""))
+                workers = SimWorkers(procs, 1, time_scale=0.0, capacity_tokens=1_000_000)
             stack.callback(workers.close)
             redis_url = args.redis or start_redis(procs)
             routed_url = redis_url  # what the routing paths use; the run's keys are deleted through redis_url
@@ -259,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 extra = ["--transport", transport] if transport else []
                 ours = AgentCacheGateways(procs, workers.urls, redis_url=routed_url, args=[
                     "--prefix", gw_prefix, "--templates", "templatize", "--api-keys", keys,
-                    "--extra-fields", "sim_output", *extra, *args.gateway_args.split()])
+                    *(["--extra-fields", "sim_output"] if workers.scripted else []), *extra,
+                    *args.gateway_args.split()])
                 stack.callback(ours.stop)
                 gateways[f"{GATEWAY_PATH} ({transport})" if transport else GATEWAY_PATH] = ours.urls[0]
             if smg:
@@ -267,9 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     group = SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls)
                     stack.callback(group.stop)
                     gateways[name] = group.urls[0]
-            results, rates = asyncio.run(_run(workers.urls[0], routed_url, gateways, sessions, args.calls, args.seed,
+            results, rates = asyncio.run(_run(workers, routed_url, gateways, sessions, args.calls, args.seed,
                                               log, stream=not args.no_stream, concurrency=args.concurrency,
-                                              delete_url=redis_url))
+                                              delete_url=redis_url, answer_tokens=args.answer_tokens))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -282,6 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"calls_per_path": args.calls, "streamed": not args.no_stream, "paths": results,
+                       "worker": workers.describe(), "answer_tokens": args.answer_tokens,
                        "concurrency": args.concurrency, "calls_per_s": rates}, f, indent=2)
     return 0
 

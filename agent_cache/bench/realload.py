@@ -3,8 +3,11 @@
 A replica drives its share of the sessions: session s starts at ``t0 +
 s.arrival_s``; call k+1 is sent when call k has returned plus its think time.
 Every call is a streamed chat completion with the call's chat form
-(:class:`agent_cache.bench.workloads.ChatCall`), asking the simulated worker
-for the workload's output (``sim_output``). Per call the replica records:
+(:class:`agent_cache.bench.workloads.ChatCall`). A simulated worker is asked
+for the workload's output (``sim_output``); a real one (or a simulated one
+not ``scripted``) answers for itself, and the session goes on closed-loop
+(:func:`closed_loop`): each later step carries that answer as the
+assistant's message. Per call the replica records:
 
 * TTFT, from the moment the client starts the call (before templating and
   the routing decision) to the first streamed content token;
@@ -16,10 +19,10 @@ How a call finds its worker:
 
 * ``round-robin``, ``random``, ``least-load``, ``consistent-hash``: the
   policies of :mod:`agent_cache.bench.policies`, one state per replica;
-* ``agent-cache`` / ``agent-cache-no-templates``: the real client path
-  without LangChain: ``Templater("templatize")`` / ``Templater("off")`` per
-  tenant, then ``Router.aexecute`` over the shared Redis store (failover
-  included) and ``Router.areport`` with the reported usage;
+* ``agent-cache`` / ``agent-cache-no-templates``: ``ChatSGLang`` (templates
+  ``templatize`` / ``off``), one per tenant over one ``Router`` on the shared
+  Redis store, called with ``astream`` and the session id as an application
+  calls it (the call pipeline, failover and the served hook included);
 * ``smg-*``: the smg gateway picks (with ``--gateways K``, the call goes to
   the K gateways in turn, joined in smg's mesh); the worker is read from smg's
   ``x-smg-routed-worker-id`` response header. ``smg-consistent_hashing``

@@ -58,3 +58,18 @@ def test_every_policy_runs_on_real_workers(tmp_path: Path) -> None:
         assert m["kv_tokens"] is None  # SGLang says nowhere over HTTP what its cache holds
     kv = doc["policies"]["agent-cache-gateway-kv"]["kv_events"]
     assert kv["batches"] > 0 and kv["gaps"] == 0, kv
+
+
+def test_the_overhead_of_every_path_is_measured_on_a_real_worker(tmp_path: Path) -> None:
+    from agent_cache.bench import overhead
+
+    out = tmp_path / "overhead.json"
+    assert overhead.main(["--fleet", "sglang", "--sglang-version", ENGINE_VERSION, "--calls", "10",
+                          "--out", str(out), "--quiet"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["worker"]["fleet"] == "sglang" and doc["answer_tokens"] == 16
+    paths = doc["paths"]
+    assert {"direct", "agent-cache (memory)", "agent-cache (Redis)", "agent-cache-gateway"} <= set(paths)
+    assert SMG is None or {"smg-cache_aware", "smg-consistent_hashing"} <= set(paths)
+    for name, row in paths.items():
+        assert row["calls"] == 10 and 0 < row["ttft_p50_s"] <= row["latency_p50_s"], name

@@ -87,3 +87,36 @@ def test_the_simulator_agrees_with_real_sglang_on_cached_tokens(start_workers, s
     # resident tokens: equal after most steps, and never apart by more than 1 % of the pool (on 0.5.9, once
     # the pool is full, one step's eviction takes 3 tokens fewer on the real server: docs/real-sglang.md)
     assert same_resident >= 0.8 * len(steps) and all(abs(r - s) <= pool // 100 for r, s in steps), steps
+
+
+def test_the_simulator_counts_chat_prompts_as_the_real_server_does(real_pair, engine) -> None:
+    """With ``--tokenizer-path`` the simulated worker renders and tokenises a chat as the real server of that
+    model: the same ``prompt_tokens`` for every step of agent sessions (system prompt, tools, history), and
+    the same ids from ``/tokenize``."""
+    from agent_cache.bench.workloads import WorkloadParams, generate
+
+    sim = SimWorkerThread(WorkerOptions(time_scale=0.0, sglang_version=ENGINE_VERSION,
+                                        tokenizer_path=str(engine.model_dir)))
+    sim.start()
+    own = SimWorkerThread(WorkerOptions(time_scale=0.0))  # the simulator's own tokenizer counts otherwise
+    own.start()
+    try:
+        counted = []
+        with httpx.Client(timeout=120) as client:
+            for spec in generate(WorkloadParams(sessions=2, seed=4, observation_tokens=60)):
+                for call in spec.start(chat=True):
+                    assert call.chat is not None
+                    body = {"model": "tiny-llama", "messages": list(call.chat.messages), "max_tokens": 1,
+                            "tools": list(call.chat.tools or []) or None}
+                    counts = [client.post(url + "/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"]
+                              for url in (real_pair[0].url, sim.url, own.url)]
+                    counted.append(counts)
+            text = {"prompt": "def f(x):\n    return x  # ünïcode"}
+            assert (client.post(real_pair[0].url + "/tokenize", json=text).json()["tokens"]
+                    == client.post(sim.url + "/tokenize", json=text).json()["tokens"])
+    finally:
+        sim.stop()
+        own.stop()
+    assert len(counted) > 4
+    assert all(real == simulated for real, simulated, _ in counted), counted
+    assert any(real != own_count for real, _, own_count in counted)  # a test of the tokenizer, not of the chats
