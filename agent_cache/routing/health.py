@@ -14,6 +14,11 @@ A half-open worker takes one trial call at a time: it is offered to one route
 (:meth:`HealthTracker.unavailable`), which keeps it if it chose the worker or
 gives it back (:meth:`HealthTracker.release`); every other route sees the
 worker down until the trial's verdict (or ``TRIAL_TIMEOUT``).
+
+A worker added while the router probes (:meth:`HealthTracker.await_probe`)
+starts open and stays open, with no trial call, until a probe or a call it
+served succeeds: a pod still loading its model refuses every connection, and
+a new worker looks idle, so placement would otherwise send it new sessions first.
 """
 
 from __future__ import annotations
@@ -40,15 +45,17 @@ class CircuitBreaker:
         self.opened_at = 0.0
         self.passive = False  # opened by soft failures of real calls: counts against the ejection cap
         self.trial_until = 0.0  # a half-open worker's trial call is in flight until then
+        self.unproven = False  # added and never answered: open until a success, never half-open
         self._open = False
 
     def state(self, now: float) -> str:
         if not self._open:
             return CLOSED
-        return HALF_OPEN if now >= self.opened_at + self.cooldown else OPEN
+        return HALF_OPEN if now >= self.opened_at + self.cooldown and not self.unproven else OPEN
 
     def record_success(self) -> None:
         self.failures = 0
+        self.unproven = False
         self._open = False
         self.passive = False
         self.trial_until = 0.0
@@ -121,6 +128,18 @@ class HealthTracker:
                     b.trial_until = now + TRIAL_TIMEOUT
                     trials.add(u)
             return down, trials
+
+    def await_probe(self, url: str) -> None:
+        """A worker just added: down until it first answers (see the module docstring)."""
+        with self._lock:
+            b = self._breakers[url] = CircuitBreaker(*self._args)
+            b._open, b.unproven, b.opened_at = True, True, self._clock()
+
+    def unproven(self, url: str) -> bool:
+        """Whether ``url`` was added and has not answered yet."""
+        with self._lock:
+            b = self._breakers.get(url)
+            return b is not None and b.unproven
 
     def release(self, urls: Iterable[str]) -> None:
         """Give back trial slots without a verdict (the route chose another worker, or the trial call
