@@ -120,7 +120,7 @@ class Prober:
         except BackendError as exc:
             # a slow /health is SGLang under load, not a dead worker: soft
             hard = not isinstance(exc, WorkerTimeoutError)
-            if self.health.failure(w.url, hard=hard):
+            if self.health.failure(w.url, hard=hard, probe=True):
                 logger.warning("worker %s failed its health probe: %s", w.url, exc)
             self.metrics.healthy.labels(w.url).set(0)
             return
