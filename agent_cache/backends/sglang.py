@@ -245,13 +245,18 @@ class SGLangClient(_Base):
     """Synchronous client for one SGLang worker."""
 
     def __init__(self, base_url: str, *, timeout: float | None = DEFAULT_TIMEOUT, api_key: str | None = None,
-                 max_connections: int = 64) -> None:
+                 max_connections: int = 64, http: httpx.Client | None = None) -> None:
+        """``http``: a connection pool shared with other clients (absolute URLs; the caller closes it),
+        for a caller that talks to many workers (an httpx client costs about 1 MB and milliseconds)."""
         super().__init__(base_url, timeout=timeout, api_key=api_key)
-        self._http = httpx.Client(**self._limits(max_connections),
-                                  event_hooks={"request": [trace_context.add_headers]})  # a traced call's traceparent
+        self._own = http is None
+        self._prefix = "" if http is None else self.base_url  # a shared pool has no base URL
+        self._http = http if http is not None else httpx.Client(
+            **self._limits(max_connections), event_hooks={"request": [trace_context.add_headers]})  # traceparent
 
     def close(self) -> None:
-        self._http.close()
+        if self._own:
+            self._http.close()
 
     def __enter__(self) -> "SGLangClient":
         return self
@@ -259,12 +264,19 @@ class SGLangClient(_Base):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _shared(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A request's arguments; over a shared pool, with this client's headers and timeout."""
+        if self._own:
+            return kwargs
+        return {"headers": self._headers, "timeout": _timeout(self.timeout), **kwargs}
+
     def _run(self, flow: _Flow) -> Any:
         """Send each request of ``flow``; its result."""
         request, result = _next(flow, None)
         while request is not None:
             try:
-                request, result = _next(flow, self._http.request(request.method, request.path, **request.kwargs))
+                request, result = _next(flow, self._http.request(request.method, self._prefix + request.path,
+                                                                 **self._shared(request.kwargs)))
             except httpx.HTTPError as exc:
                 raise self._map_transport(exc) from exc
         return result
@@ -272,7 +284,7 @@ class SGLangClient(_Base):
     def _stream(self, spec: tuple[str, dict[str, Any], Callable[[str], Any]], timeout: float | None) -> Iterator[Any]:
         path, body, parse = spec
         with self._mapped(broken=False), self._http.stream(
-                "POST", path, **_with_timeout({"json": body}, timeout)) as response:
+                "POST", self._prefix + path, **self._shared(_with_timeout({"json": body}, timeout))) as response:
             if response.status_code >= 400:
                 response.read()
                 self._check(response)

@@ -5,16 +5,23 @@ sends nothing; a fixed stall timeout must allow for the slowest legitimate
 prefill and so waits long. The deadline here follows each worker's recent
 time to first token instead: ``factor`` times its 95th percentile over the
 last ``window`` streamed calls, never under ``floor``, never over the
-caller's own timeout. Until a worker has ``min_samples`` calls, the caller's
-timeout applies unchanged.
+caller's own timeout. A worker with fewer than ``min_samples`` calls (new,
+or never streamed to yet) is judged by the last ``window`` calls of every
+worker; only when there are not that many either does the caller's timeout
+apply unchanged (a new session's first call on a hung worker new to the
+router had waited for the whole timeout).
 
-A call larger than the worker's recent ones (its body's bytes, and those of
-the calls sent to the worker before it that still wait for their first
-byte, against the 95th percentile of recent calls' bytes) gets a deadline
-larger in proportion: a long prompt's prefill, its own or one queued ahead
-of it, is not a sign that the worker hung (a 100,000-token prompt, about
-6 s to its first token, had missed a deadline learned from short calls,
-been retried elsewhere and counted against every worker it tried).
+A call larger than the worker's recent ones (its body's bytes against the
+95th percentile of recent calls' bytes) gets a deadline larger in
+proportion, and so does one queued behind calls larger than that which
+still wait for their first byte (their bytes beyond the usual): a long
+prompt's prefill, its own or one queued ahead of it, is not a sign that the
+worker hung (a 100,000-token prompt, about 6 s to its first token, had
+missed a deadline learned from short calls, been retried elsewhere and
+counted against every worker it tried). Calls of the usual size ahead add
+nothing: the recent times already include their queueing, and on a hung
+worker each call sent there would otherwise have stretched the next one's
+deadline (new sessions' first calls took up to 12 s to leave it).
 """
 
 from __future__ import annotations
@@ -45,7 +52,8 @@ class FirstByteDeadlines:
         self._window = window
         self._min_samples = min_samples
         self._samples: dict[str, deque[tuple[float, int]]] = {}  # (seconds to first byte, call bytes)
-        self._waiting: dict[str, int] = {}  # worker -> bytes of its calls sent and not yet answered
+        self._fleet: deque[tuple[float, int]] = deque(maxlen=window)  # every worker's, for one without a record
+        self._waiting: dict[str, list[int]] = {}  # worker -> bytes of each call sent and not yet answered
         self._lock = threading.Lock()
 
     def observe(self, worker: str, seconds: float, size: int = 0) -> None:
@@ -55,13 +63,21 @@ class FirstByteDeadlines:
             if recent is None:
                 recent = self._samples[worker] = deque(maxlen=self._window)
             recent.append((seconds, size))
+            self._fleet.append((seconds, size))
+
+    def _record(self, worker: str) -> list[tuple[float, int]] | None:
+        """The samples that judge ``worker``: its own, else every worker's, else None (too few)."""
+        for recent in (self._samples.get(worker), self._fleet):
+            if recent is not None and len(recent) >= self._min_samples:
+                return list(recent)
+        return None
 
     def deadline(self, worker: str, cap: float | None, size: int = 0) -> float | None:
-        """Seconds to wait for ``worker``'s first bytes of a call of ``size`` bytes: the adaptive
-        deadline, scaled up for a call larger than the recent ones, at most ``cap``."""
+        """Seconds to wait for ``worker``'s first bytes of a call of ``size`` bytes (as :meth:`waiting`
+        counts them): the adaptive deadline, scaled up for a call larger than the recent ones, at most ``cap``."""
         with self._lock:
-            recent = list(self._samples.get(worker) or ())
-        if len(recent) < self._min_samples:
+            recent = self._record(worker)
+        if recent is None:
             return cap
         p95 = sorted_percentile(sorted(t for t, _ in recent), 0.95)
         usual = sorted_percentile(sorted(n for _, n in recent), 0.95)
@@ -69,20 +85,25 @@ class FirstByteDeadlines:
         return wait if cap is None else min(wait, cap)
 
     def waiting(self, worker: str, size: int) -> int:
-        """A call of ``size`` bytes is sent to ``worker``: the bytes of the calls there still waiting for
-        their first byte, this one's included (:meth:`answered` once it is no longer waiting)."""
+        """A call of ``size`` bytes is sent to ``worker`` (:meth:`answered` once it is no longer waiting):
+        the bytes its deadline counts, its own and those beyond the usual size of each call there still
+        waiting for its first byte."""
         with self._lock:
-            ahead = self._waiting[worker] = self._waiting.get(worker, 0) + size
-        return ahead
+            ahead = self._waiting.setdefault(worker, [])
+            recent = self._record(worker)
+            usual = sorted_percentile(sorted(n for _, n in recent), 0.95) if recent else 0
+            counted = size + sum(max(0, n - usual) for n in ahead)
+            ahead.append(size)
+        return int(counted)
 
     def answered(self, worker: str, size: int) -> None:
         """A call counted by :meth:`waiting` got its first byte, or ended without."""
         with self._lock:
-            left = self._waiting.get(worker, 0) - size
-            if left > 0:
-                self._waiting[worker] = left
-            else:
-                self._waiting.pop(worker, None)
+            ahead = self._waiting.get(worker)
+            if ahead is not None and size in ahead:
+                ahead.remove(size)
+                if not ahead:
+                    del self._waiting[worker]
 
     def forget(self, worker: str) -> None:
         with self._lock:

@@ -14,6 +14,14 @@ A half-open worker takes one trial call at a time: it is offered to one route
 (:meth:`HealthTracker.unavailable`), which keeps it if it chose the worker or
 gives it back (:meth:`HealthTracker.release`); every other route sees the
 worker down until the trial's verdict (or ``TRIAL_TIMEOUT``).
+
+A worker added while the router probes (:meth:`HealthTracker.await_probe`)
+starts open and stays open, with no trial call, until a probe or a call it
+served succeeds: a pod still loading its model refuses every connection, and
+a new worker looks idle, so placement would otherwise send it new sessions first.
+So does an open worker whose probe failed (as Envoy's active health checks):
+a hung worker (SIGSTOP) had taken a new session as its trial call each time
+its cooldown ran out, which waited out its first-byte deadline.
 """
 
 from __future__ import annotations
@@ -40,15 +48,18 @@ class CircuitBreaker:
         self.opened_at = 0.0
         self.passive = False  # opened by soft failures of real calls: counts against the ejection cap
         self.trial_until = 0.0  # a half-open worker's trial call is in flight until then
+        self.unproven = False  # added and never answered
+        self.awaits_probe = False  # open until a success, never half-open: a probe failed, or it never answered
         self._open = False
 
     def state(self, now: float) -> str:
         if not self._open:
             return CLOSED
-        return HALF_OPEN if now >= self.opened_at + self.cooldown else OPEN
+        return HALF_OPEN if now >= self.opened_at + self.cooldown and not self.awaits_probe else OPEN
 
     def record_success(self) -> None:
         self.failures = 0
+        self.unproven = self.awaits_probe = False
         self._open = False
         self.passive = False
         self.trial_until = 0.0
@@ -122,6 +133,18 @@ class HealthTracker:
                     trials.add(u)
             return down, trials
 
+    def await_probe(self, url: str) -> None:
+        """A worker just added: down until it first answers (see the module docstring)."""
+        with self._lock:
+            b = self._breakers[url] = CircuitBreaker(*self._args)
+            b._open, b.unproven, b.awaits_probe, b.opened_at = True, True, True, self._clock()
+
+    def unproven(self, url: str) -> bool:
+        """Whether ``url`` was added and has not answered yet."""
+        with self._lock:
+            b = self._breakers.get(url)
+            return b is not None and b.unproven
+
     def release(self, urls: Iterable[str]) -> None:
         """Give back trial slots without a verdict (the route chose another worker, or the trial call
         ended for a reason that says nothing about the worker)."""
@@ -150,11 +173,13 @@ class HealthTracker:
             b.record_success()
             return was_open
 
-    def failure(self, url: str, *, hard: bool = False, pool: Collection[str] | None = None) -> bool:
+    def failure(self, url: str, *, hard: bool = False, pool: Collection[str] | None = None,
+                probe: bool = False) -> bool:
         """Returns True when this opened the breaker.
 
         ``pool``: the worker's pool, for a real call's failure (passive health): a soft one does not open
-        the breaker while the pool's share of passive ejections is used up.
+        the breaker while the pool's share of passive ejections is used up. ``probe``: a probe's failure;
+        an open breaker then waits for a probe (or a served call) to close it.
         """
         with self._lock:
             now = self._clock()
@@ -163,6 +188,7 @@ class HealthTracker:
             if pool is not None and not hard and b.would_open(hard=hard) and self._cap_reached(url, pool, now):
                 return False  # the failure is not forgotten: the next one asks again
             b.record_failure(now, hard=hard, passive=pool is not None)
+            b.awaits_probe = b.awaits_probe or (probe and b.state(now) != CLOSED)
             return before == CLOSED and b.state(now) != CLOSED
 
     def _cap_reached(self, url: str, pool: Collection[str], now: float) -> bool:

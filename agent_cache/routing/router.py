@@ -163,13 +163,20 @@ class Router(AsyncFace):
         return list(self._workers)
 
     def add_worker(self, url: str | Mapping[str, Any], pool: str | None = None) -> str:
-        """Add a worker; no existing pin moves (new sessions may land on it)."""
+        """Add a worker; no existing pin moves. While probes run, it takes new sessions only once it has
+        answered one (it is probed at once); without probes, from now on."""
         spec = parse_worker(url if pool is None or not isinstance(url, str) else {"url": url, "pool": pool}, "worker")
         with self._lock:
             if any(w.url == spec.url for w in self._workers):
                 raise ConfigError("worker", f"{spec.url} is already configured")
+            probed = self.prober.running
+            if probed:  # a pod still loading its model refuses connections: no session until it answers
+                self.health.await_probe(spec.url)
+                self.metrics.healthy.labels(spec.url).set(0)
             self._workers = [*self._workers, spec]
             self._config_changed()
+        if probed:
+            self.prober.probe_soon(spec.url)
         return spec.url
 
     def remove_worker(self, url: str) -> None:

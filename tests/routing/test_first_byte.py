@@ -27,7 +27,18 @@ def test_the_deadline_follows_the_95th_percentile_and_stays_under_the_cap() -> N
         d.observe("w", 0.5)
     assert d.deadline("w", 60.0) == pytest.approx(1.5)
     d.forget("w")
-    assert d.deadline("w", 60.0) == 60.0
+    assert d.deadline("w", 60.0) == pytest.approx(1.5)  # judged by every worker's last 20 calls
+    assert FirstByteDeadlines(floor=1.0, factor=3.0, min_samples=4).deadline("w", 60.0) == 60.0
+
+
+def test_a_worker_without_a_record_is_judged_by_every_workers_recent_calls() -> None:
+    d = FirstByteDeadlines(floor=1.0, factor=3.0, min_samples=4)
+    for w in ("a", "b"):
+        for _ in range(2):
+            d.observe(w, 0.5)
+    assert d.deadline("new", 600.0) == pytest.approx(1.5)  # not the caller's 600 s: a hung new worker is left
+    d.observe("new", 0.1)
+    assert d.deadline("new", 600.0) == pytest.approx(1.5)  # until it has a record of its own
 
 
 def test_bad_options_name_the_field() -> None:
@@ -45,10 +56,18 @@ def test_a_larger_call_or_one_queued_behind_large_ones_waits_longer():
     assert d.deadline("w", 600.0, 40_000) == pytest.approx(60.0)  # 40 times the usual bytes
     assert d.deadline("w", 30.0, 40_000) == 30.0  # never over the cap
     assert d.waiting("w", 400_000) == 400_000  # a long prompt sent, no first byte yet
-    ahead = d.waiting("w", 1000)  # a short call behind it
-    assert ahead == 401_000 and d.deadline("w", 600.0, ahead) == 600.0
+    ahead = d.waiting("w", 1000)  # a short call behind it: the long one's bytes beyond the usual count
+    assert ahead == 400_000 and d.deadline("w", 600.0, ahead) == 600.0
     d.answered("w", 400_000)
-    assert d.waiting("w", 1000) == 2000  # once answered, only the short calls count
+    assert d.waiting("w", 1000) == 1000  # once answered, calls of the usual size ahead add nothing
     d.answered("w", 1000)
     d.answered("w", 1000)
     assert d.waiting("other", 5) == 5
+
+
+def test_calls_of_the_usual_size_waiting_ahead_do_not_stretch_the_deadline() -> None:
+    # a hung worker: every call sent there waits; each must still be left after the usual deadline
+    d = FirstByteDeadlines(floor=1.0, factor=3.0, min_samples=4)
+    for _ in range(10):
+        d.observe("w", 0.5, 1000)
+    assert [d.deadline("w", 600.0, d.waiting("w", 1000)) for _ in range(12)] == [pytest.approx(1.5)] * 12

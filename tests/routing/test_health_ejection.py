@@ -94,3 +94,27 @@ def test_the_healthy_gauge_says_what_the_fleet_view_says_once_the_cooldown_ends(
         clock.now += 2.0
         prober.probe_once()
         assert health.down(pool) == set() and gauge() == 1.0
+
+
+def test_a_worker_whose_probe_failed_takes_no_trial_call_until_a_probe_answers() -> None:
+    # a hung worker: its probes time out; a trial call each cooldown would wait out its first-byte deadline
+    clock = Clock()
+    pool = ["hung", "b"]
+    health = HealthTracker(failure_threshold=3, cooldown=2.0, clock=clock)
+    _fail(health, "hung", pool)  # real calls left it: passively ejected
+    health.failure("hung", probe=True)  # and its probe timed out
+    clock.now += 60.0  # many cooldowns later
+    assert health.state("hung") == OPEN and health.unavailable(pool) == ({"hung"}, set())
+    assert health.success("hung", probe=True) and health.down(pool) == set()
+
+
+def test_a_worker_added_while_probing_is_down_until_it_first_answers() -> None:
+    clock = Clock()
+    health = HealthTracker(clock=clock)
+    health.await_probe("new")
+    clock.now += 60.0
+    assert health.down(["new"]) == {"new"} and health.unproven("new")
+    health.failure("new", hard=True, probe=True)  # refused: still loading
+    clock.now += 60.0
+    assert health.down(["new"]) == {"new"}
+    assert health.success("new", probe=True) and health.down(["new"]) == set() and not health.unproven("new")
