@@ -104,6 +104,27 @@ class _WorkersAction(argparse.Action):
         setattr(namespace, self.dest, urls if given is self.default else [*(given or []), *urls])
 
 
+class _LogLevelAction(argparse.Action):
+    """``--log-level``: uvicorn's levels, any case, and ``warn`` (smg's spelling) for warning; another is one
+    line naming the flag and the choices, exit status 2."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from agent_cache.telemetry.log_format import log_level
+
+        try:
+            setattr(namespace, self.dest, log_level(values, option_string or "--log-level"))
+        except ConfigError as exc:
+            parser.exit(2, f"{parser.prog}: error: {exc}\n")
+
+
+def _add_log_level(p: argparse.ArgumentParser) -> None:
+    from agent_cache.telemetry.log_format import levels
+
+    p.add_argument("--log-level", action=_LogLevelAction, default="warning", metavar="LEVEL",
+                   help=f"{', '.join(levels())} (or warn; default %(default)s)")
+
+
 def _add_workers(p: argparse.ArgumentParser, what: str, otherwise: str = "") -> None:
     p.add_argument("--workers", "--worker-urls", dest="workers", nargs="+", action=_WorkersAction, metavar="URL",
                    default=environment.workers(),
@@ -145,7 +166,7 @@ def _add_sim_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         '"tcp://*:5557", "topic": "kv"}\' (SGLang\'s fields: publisher, endpoint, replay_endpoint, '
                         "buffer_steps, hwm, max_queue_size, topic)")
     add_latency_args(p)
-    p.add_argument("--log-level", default="warning")
+    _add_log_level(p)
     p.set_defaults(func=_sim_worker)
 
 
@@ -408,7 +429,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "60 s idle timeout of common load balancers, so they never reuse a closed one)")
     http_limits.add_arguments(p)
     admin.add_arguments(p)
-    p.add_argument("--log-level", default="warning")
+    _add_log_level(p)
     p.add_argument("--log-format", default="text", choices=["text", "json"],
                    help="log lines as text, or one JSON object per line; json also writes an access line per "
                         "call (request id, tenant, session hash, worker, status, latency, cached tokens)")

@@ -1,4 +1,5 @@
-"""``--log-format``: the gateway's log lines as text (the default) or as one JSON object per line.
+"""``--log-format`` and ``--log-level``: the gateway's log lines as text (the default) or as one JSON
+object per line, and which of them are written.
 
 A JSON line has ``time`` (UTC, ISO 8601), ``level``, ``logger`` and ``message``; an access log line
 adds its fields (:mod:`agent_cache.gateway.access_log`). uvicorn's own loggers use the same format.
@@ -11,9 +12,33 @@ import logging
 import time
 from typing import Any
 
+from agent_cache.errors import ConfigError
+
 FORMATS = ("text", "json")
 ACCESS_LOGGER = "agent_cache.access"
 FIELDS = "access"  # the ``extra`` key an access log record carries its fields under
+
+
+LEVEL_ALIASES = {"warn": "warning"}  # smg's spelling (``smg launch --log-level warn``)
+
+
+def levels() -> tuple[str, ...]:
+    """The levels ``--log-level`` takes: uvicorn's, which runs the process's logging."""
+    from uvicorn.config import LOG_LEVELS
+
+    return tuple(LOG_LEVELS)
+
+
+def log_level(text: str, flag: str = "--log-level") -> str:
+    """``text`` as one of :func:`levels` (any case; ``warn`` for warning); ConfigError naming ``flag``
+    and the choices otherwise."""
+    name = text.strip().lower()
+    name = LEVEL_ALIASES.get(name, name)
+    if name not in levels():
+        aliases = {v: k for k, v in LEVEL_ALIASES.items()}
+        choices = ", ".join(f"{n} (or {aliases[n]})" if n in aliases else n for n in levels())
+        raise ConfigError(flag, f"unknown level {text!r}; choose from {choices}")
+    return name
 
 
 class JsonFormatter(logging.Formatter):

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from agent_cache.cli import build_parser
+
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "agent_cache.cli", "serve", "--workers", "http://127.0.0.1:1",
@@ -33,3 +35,21 @@ def test_a_start_up_failure_is_one_line_naming_its_cause(case, tmp_path):
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and cause in lines[0] and "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command", [["serve", "--workers", "http://a:1"], ["sim-worker"]])
+@pytest.mark.parametrize("given, level", [("warn", "warning"), ("WARN", "warning"), ("Info", "info"),
+                                          ("trace", "trace")])
+def test_log_level_takes_smgs_spelling_and_any_case(command, given, level):
+    assert build_parser().parse_args([*command, "--log-level", given]).log_level == level
+
+
+@pytest.mark.parametrize("command", ["serve", "sim-worker"])
+def test_an_unknown_log_level_is_one_line_naming_the_flag_and_the_choices(command):
+    workers = ["--workers", "http://a:1"] if command == "serve" else []
+    out = subprocess.run([sys.executable, "-m", "agent_cache.cli", command, *workers, "--log-level", "verbose"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert lines == [f"agent-cache {command}: error: --log-level: unknown level 'verbose'; choose from critical, "
+                     "error, warning (or warn), info, debug, trace"]
