@@ -92,6 +92,9 @@ def test_metrics_port_admin_guard_and_json_access_log(procs, worker, tmp_path):
     assert first["cached_tokens"] == 0 and second["cached_tokens"] > 200  # the session's prefix, cached
     assert refused["status"] == 401 and refused["tenant"] is None and len(refused["request_id"]) == 32
     assert "agent-42" not in _log(proc)  # a session id is logged only hashed
+    start_up = [json.loads(line) for line in _log(proc).splitlines() if BANNER.search(line)]
+    assert [(line["level"], line["logger"]) for line in start_up] == [("info", "agent_cache.gateway")]
+    assert all(line.startswith("{") for line in _log(proc).splitlines()), _log(proc)  # json: every line
 
 
 def test_no_start_up_line_when_the_port_is_taken_and_the_failure_is_one_line(procs, worker):
