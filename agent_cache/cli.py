@@ -11,8 +11,7 @@ from agent_cache.errors import ConfigError
 
 
 def _sim_worker(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from agent_cache.gateway import serving
     from agent_cache.sim import WorkerOptions, create_app
     from agent_cache.sim.latency_flags import latency_from_args
 
@@ -37,9 +36,21 @@ def _sim_worker(args: argparse.Namespace) -> int:
         kv_events_config=args.kv_events_config,
         tokenizer_path=args.tokenizer_path,
     )
-    print(f"simulated SGLang worker (not SGLang) on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
-    uvicorn.run(create_app(options), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
-    return 0
+    try:
+        serving.check_port(args.port, "--port")
+        app = create_app(options)  # reads --tokenizer-path
+    except ConfigError as exc:
+        print(f"agent-cache sim-worker: {exc}", file=sys.stderr)
+        return 2
+    try:
+        sock = serving.listen(args.host, args.port)
+    except OSError as exc:
+        print(f"agent-cache sim-worker: error: {serving.cannot_listen('--port', args.host, args.port, exc)}",
+              file=sys.stderr)
+        return 1
+    started = serving.run(app, lambda port: f"simulated SGLang worker (not SGLang) on "
+                          f"http://{args.host}:{port}", sock, log_level=args.log_level, access_log=False)
+    return 0 if started else 1
 
 
 _Num = TypeVar("_Num", int, float)
@@ -105,6 +116,27 @@ class _WorkersAction(argparse.Action):
         setattr(namespace, self.dest, urls if given is self.default else [*(given or []), *urls])
 
 
+class _LogLevelAction(argparse.Action):
+    """``--log-level``: uvicorn's levels, any case, and ``warn`` (smg's spelling) for warning; another is one
+    line naming the flag and the choices, exit status 2."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from agent_cache.telemetry.log_format import log_level
+
+        try:
+            setattr(namespace, self.dest, log_level(values, option_string or "--log-level"))
+        except ConfigError as exc:
+            parser.exit(2, f"{parser.prog}: error: {exc}\n")
+
+
+def _add_log_level(p: argparse.ArgumentParser) -> None:
+    from agent_cache.telemetry.log_format import levels
+
+    p.add_argument("--log-level", action=_LogLevelAction, default="warning", metavar="LEVEL",
+                   help=f"{', '.join(levels())} (or warn; default %(default)s)")
+
+
 def _add_workers(p: argparse.ArgumentParser, what: str, otherwise: str = "") -> None:
     p.add_argument("--workers", "--worker-urls", dest="workers", nargs="+", action=_WorkersAction, metavar="URL",
                    default=environment.workers(),
@@ -149,7 +181,7 @@ def _add_sim_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         '"tcp://*:5557", "topic": "kv"}\' (SGLang\'s fields: publisher, endpoint, replay_endpoint, '
                         "buffer_steps, hwm, max_queue_size, topic)")
     add_latency_args(p)
-    p.add_argument("--log-level", default="warning")
+    _add_log_level(p)
     p.set_defaults(func=_sim_worker)
 
 
@@ -230,11 +262,12 @@ def _add_stats(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=_stats)
 
 
-def _store_ready(url: str | None, prefix: str, *, debug: bool) -> bool:
+def _store_ready(url: str | None, prefix: str, *, debug: bool, log_format: str) -> bool:
     """Whether Redis takes the gateway's calls, asked as a call asks it (the store's asyncio client, its
     scripts, its ACL rules). A refusal is one line naming the cause (with the traceback under debug): the
     gateway stops before it serves rather than answer every call with an error. An unreachable Redis is
-    one warning line: the gateway starts and routes degraded until Redis answers."""
+    one warning line (in ``log_format``: the gateway goes on): the gateway starts and routes degraded
+    until Redis answers."""
     if url is None:
         return True
     import asyncio
@@ -243,6 +276,7 @@ def _store_ready(url: str | None, prefix: str, *, debug: bool) -> bool:
     from agent_cache.errors import ConfigError, StoreError, StoreUnavailableError
     from agent_cache.redact import redact_url
     from agent_cache.store import RedisStore
+    from agent_cache.telemetry.log_format import own_line
 
     async def check(store: RedisStore) -> None:
         try:
@@ -264,45 +298,34 @@ def _store_ready(url: str | None, prefix: str, *, debug: bool) -> bool:
             # Redis may come up after the gateway (a pod restart, a rolling update): route by hashing
             # until it answers, as the gateway does when Redis goes away while it runs.
             reason = f"cannot reach Redis ({reason.removeprefix('redis unavailable: ')})"
-            print(f"agent-cache serve: warning: --redis {redact_url(url)}: {reason}; routing degraded "
-                  "(by hashing) until it answers", file=sys.stderr)
+            warning = f"--redis {redact_url(url)}: {reason}; routing degraded (by hashing) until it answers"
+            if log_format == "text":
+                warning = f"agent-cache serve: warning: {warning}"
+            print(own_line(log_format, warning, level="warning"), file=sys.stderr)
             return True
         print(f"agent-cache serve: error: --redis {redact_url(url)}: {reason}", file=sys.stderr)
         return False
     return True
 
 
-def _cannot_listen(host: str, port: int) -> str | None:
-    """Why the gateway could not listen on ``host:port`` (a port taken, an address not this host's), asked
-    before anything starts, so the reason is the one line printed; None if it can."""
+def _serve(args: argparse.Namespace) -> int:
     import socket
 
-    if not 0 <= port <= 65535:
-        return "a port is 0-65535"
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, kind, proto, _, address = infos[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-            probe.bind(address)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
-
-
-def _serve(args: argparse.Namespace) -> int:
     from agent_cache.errors import ConfigError
     from agent_cache.gateway import GatewayConfig, admin, create_app, http_limits, load_api_keys, serving
     from agent_cache.telemetry import log_format, tracing
 
-    workers: list[str | dict[str, str]] = list(args.workers or [])
-    for spec in args.pool or []:
-        name, _, urls = spec.partition("=")
-        if not name or not urls:
-            print("agent-cache serve: --pool expects NAME=URL[,URL...]", file=sys.stderr)
-            return 2
-        workers += [{"url": u.strip(), "pool": name} for u in urls.split(",") if u.strip()]
+    # Every option is checked before anything is bound, started or asked: a bad one is its own one line,
+    # never hidden behind a port taken or a Redis away.
+    workers: list[str | dict[str, str]] = []
     try:
+        if args.workers:  # flags were checked as parsed; this checks $AGENT_CACHE_WORKERS
+            workers += worker_urls(args.workers, environment.WORKERS)
+        for spec in args.pool or []:
+            name, _, urls = spec.partition("=")
+            if not name or not urls:
+                raise ConfigError("--pool", f"expected NAME=URL[,URL...], got {spec!r}")
+            workers += [{"url": u.strip(), "pool": name} for u in urls.split(",") if u.strip()]
         config = GatewayConfig(
             workers, redis_url=args.redis, prefix=args.prefix, session_header=args.session_header,
             api_keys=load_api_keys(args.api_keys) if args.api_keys else None, templates=args.templates,
@@ -315,40 +338,51 @@ def _serve(args: argparse.Namespace) -> int:
             transport=args.transport, kv_events=args.kv_events, prewarm=args.prewarm,
             prewarm_threshold=args.prewarm_threshold,
         )
-        if not _store_ready(args.redis, args.prefix, debug=args.log_level == "debug"):
-            return 1
-        cannot = _cannot_listen(args.host, args.port)
-        if cannot is not None:
-            print(f"agent-cache serve: error: cannot listen on {args.host}:{args.port}: {cannot}", file=sys.stderr)
-            return 1
         limits = http_limits.from_args(args)
-        app = create_app(config)
+        serving.check_port(args.port, "--port")
+        if args.metrics_port is not None:
+            serving.check_port(args.metrics_port, "--metrics-port")
     except ConfigError as exc:
         print(f"agent-cache serve: {exc}", file=sys.stderr)
         return 2
-    keys = "off" if config.api_keys is None else f"{len(config.api_keys)} keys"
-    metrics = ""
-    if args.metrics_port is not None:
-        try:
+    if not _store_ready(args.redis, args.prefix, debug=args.log_level == "debug", log_format=args.log_format):
+        return 1
+    flag = "--port"
+    listeners: list[socket.socket] = []
+    try:
+        listeners.append(serving.listen(args.host, args.port))
+        metrics = ""
+        if args.metrics_port is not None:
+            flag = "--metrics-port"
             bound = serving.start_metrics_listener(args.host, args.metrics_port)
-        except OSError as exc:
-            print(f"agent-cache serve: error: --metrics-port {args.metrics_port}: {exc}", file=sys.stderr)
-            return 1
-        metrics = f", metrics on http://{args.host}:{bound}/metrics"
+            metrics = f", metrics on http://{args.host}:{bound}/metrics"
+    except OSError as exc:  # a port taken, an address not this host's
+        for sock in listeners:
+            sock.close()
+        port = args.port if flag == "--port" else args.metrics_port
+        print(f"agent-cache serve: error: {serving.cannot_listen(flag, args.host, port, exc)}", file=sys.stderr)
+        return 1
+    try:
+        app = create_app(config)
+    except ConfigError as exc:
+        listeners[0].close()
+        print(f"agent-cache serve: {exc}", file=sys.stderr)
+        return 2
+    keys = "off" if config.api_keys is None else f"{len(config.api_keys)} keys"
 
     def banner(port: int) -> str:  # printed once the port is bound and the store checked
-        return (f"agent-cache gateway on http://{args.host}:{port} -> {len(workers)} workers "
-                f"(store: {'redis' if args.redis else 'in-process'}, API keys: {keys}{metrics}, "
-                f"tracing: {'on' if tracing.tracer() is not None else 'off'})")
+        return log_format.own_line(args.log_format, (
+            f"agent-cache gateway on http://{args.host}:{port} -> {len(workers)} workers "
+            f"(store: {'redis' if args.redis else 'in-process'}, API keys: {keys}{metrics}, "
+            f"tracing: {'on' if tracing.tracer() is not None else 'off'})"))
 
     started = serving.run(
-        app, banner, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+        app, banner, listeners[0], log_level=args.log_level, access_log=False,
         log_config=log_format.logging_config(args.log_format, args.log_level),
         timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.keep_alive, backlog=4096,
         loop=args.loop, proxy_headers=False,  # no client address is used: skip its rewrite
         **http_limits.uvicorn_options(limits, args.http, http_limits.raise_open_file_limit()))
     return 0 if started else 1
-    return 0
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -412,7 +446,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "60 s idle timeout of common load balancers, so they never reuse a closed one)")
     http_limits.add_arguments(p)
     admin.add_arguments(p)
-    p.add_argument("--log-level", default="warning")
+    _add_log_level(p)
     p.add_argument("--log-format", default="text", choices=["text", "json"],
                    help="log lines as text, or one JSON object per line; json also writes an access line per "
                         "call (request id, tenant, session hash, worker, status, latency, cached tokens)")

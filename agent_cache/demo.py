@@ -217,9 +217,10 @@ async def _run_policy(name: str, urls: list[str], router: Router, templates: str
         try:
             async with gate:
                 await _run_session(agent, i, user, result, timer, tag)
+            # told as counted, with no await between: other sessions end while this one's model closes
+            print(f"  {name}: session {result.sessions}/{sessions}", file=sys.stderr, flush=True)
         finally:
             await llm.aclose()  # its queued template records are written before the run's keys are deleted
-        print(f"  {name}: session {result.sessions}/{sessions}", file=sys.stderr, flush=True)
 
     start = time.perf_counter()
     await asyncio.gather(*[one(i) for i in range(sessions)])

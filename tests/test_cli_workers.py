@@ -32,9 +32,9 @@ def test_a_bad_worker_url_is_one_line_naming_it(command, value, message) -> None
     assert len(lines) == 1 and lines[0].startswith(f"agent-cache {command}: error: --workers: ") and message in lines[0]
 
 
-@pytest.mark.parametrize("command, field", [("demo", "AGENT_CACHE_WORKERS"), ("serve", "workers[1]")])
-def test_a_bad_url_in_the_environment_is_one_line_too(command, field) -> None:
+@pytest.mark.parametrize("command", ["demo", "serve"])
+def test_a_bad_url_in_the_environment_is_one_line_naming_it_too(command) -> None:
     out = subprocess.run([sys.executable, "-m", "agent_cache.cli", command], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "AGENT_CACHE_WORKERS": "http://a:1,http://b:x"})
     assert out.returncode == 2
-    assert out.stderr.strip() == f"agent-cache {command}: {field}: bad port in 'http://b:x'"
+    assert out.stderr.strip() == f"agent-cache {command}: AGENT_CACHE_WORKERS: bad port in 'http://b:x'"

@@ -26,6 +26,16 @@ def test_quick_demo_output() -> None:
     assert "routing alone recomputed" in text
 
 
+def test_progress_counts_each_session_once_in_order() -> None:
+    """Sessions ending together (instant workers, all six at once) are each told once: "3/6" follows "2/6"."""
+    out = subprocess.run([sys.executable, "-m", "agent_cache.cli", "demo", "--quick", "--time-scale", "0",
+                          "--concurrency", "6"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for column in ("round-robin", "routing only", "agent-cache"):
+        progress = re.findall(rf"^  {column}: session (\d+)/6$", out.stderr, re.M)
+        assert progress == [str(n) for n in range(1, 7)], out.stderr
+
+
 def test_runs_on_given_workers_each_start_cold_and_leave_no_redis_keys(fleet, redis_url) -> None:
     """Workers given by URL (separate servers) are flushed before each run: each run's first call hits nothing."""
     import redis

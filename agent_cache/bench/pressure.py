@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from agent_cache.bench import bands, report
+from agent_cache.bench import bands, plot_style, report
 from agent_cache.bench.experiment import Preset, working_set
 from agent_cache.bench.experiment import workload as build_workload
 from agent_cache.bench.fleetsim import FleetConfig, RunResult, simulate
@@ -201,9 +201,14 @@ def write_plots(out_dir: str, doc: dict[str, Any]) -> list[str]:
 
     paths = []
     kinds = list(doc["pressure"])
+    styles = plot_style.styles([  # a policy looks the same in every panel
+        [*dict.fromkeys(n for c in entry["capacity"].values() for n in c["policies"]), *entry["load"]]
+        for entry in doc["pressure"].values()])
     for fname, title, series in (
             ("hit_rate_vs_capacity_multiple.png", "hit rate vs KV capacity (x working set)", "capacity"),
             ("p99_ttft_vs_load.png", "p99 TTFT vs offered load", "load")):
+        if not any(entry[series] for entry in doc["pressure"].values()):
+            continue  # not run (--no-sweeps skips the load runs): no empty picture
         fig, axes = plt.subplots(1, len(kinds), figsize=(4.5 * len(kinds), 4), squeeze=False)
         for ax, kind in zip(axes[0], kinds):
             entry = doc["pressure"][kind]
@@ -211,12 +216,12 @@ def write_plots(out_dir: str, doc: dict[str, Any]) -> list[str]:
                 xs = list(entry["capacity"])
                 rows = [entry["capacity"][x]["policies"] for x in xs]
                 for name in rows[0]:
-                    ax.plot([float(x[1:]) for x in xs], [r[name]["token_hit_rate"] for r in rows], marker="o",
-                            label=name)
+                    ax.plot([float(x[1:]) for x in xs], [r[name]["token_hit_rate"] for r in rows], label=name,
+                            markerfacecolor="none", **styles[name].plot_kwargs())
             else:
                 for name, points in entry["load"].items():
                     ax.plot([float(x) for x in points], [m["ttft_p99_s"] * 1000 for m in points.values()],
-                            marker="o", label=name)
+                            label=name, markerfacecolor="none", **styles[name].plot_kwargs())
                 ax.axhline(doc["config"]["slo_ttft_p99_s"] * 1000, color="grey", linestyle="--", linewidth=1)
                 ax.set_yscale("log")
             ax.set_title(kind)

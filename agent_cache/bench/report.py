@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from typing import Any, Mapping, Sequence
+import secrets
+from typing import Any, Callable, Mapping, Sequence
 
-from agent_cache.bench import bands
+from agent_cache.bench import bands, plot_style
 from agent_cache.bench.fleetsim import RunResult
 from agent_cache.percentile import histogram_percentile, sorted_percentile
 from agent_cache.sim.latency import ModelConfig
@@ -194,10 +194,12 @@ def _sweep_table(sweep: Mapping[str, Any]) -> str:
 
 
 def write_atomic(path: str, data: str | bytes) -> None:
-    """Write via a temp file in the same directory and rename, so readers never see half a file."""
+    """Write via a temp file in the same directory and rename, so readers never see half a file. The file
+    gets the mode ``open(path, "w")`` gives (0644 under the usual umask), not a private temp file's 0600."""
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".")
+    tmp = os.path.join(d, f".{os.path.basename(path)}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any new file
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
@@ -237,6 +239,31 @@ def _save(fig: Any, path: str) -> None:
     write_atomic(path, buf.getvalue())
 
 
+def _panelled(plt: Any, names: Sequence[str], styles: Mapping[str, plot_style.Style], title: str,
+              draw: Callable[[Any, str, dict[str, Any]], None], *, xlabel: str, ylabel: str, logx: bool = False,
+              legend: str = "best") -> Any:
+    """A figure of :func:`plot_style.panels` side by side (shared axes): ``draw(ax, name, plot_kwargs)``
+    draws one policy's line."""
+    groups = plot_style.panels(names)
+    fig, axes = plt.subplots(1, len(groups), figsize=(7 if len(groups) == 1 else 5.2 * len(groups), 4.5),
+                             sharex=True, sharey=True, squeeze=False)
+    for ax, group in zip(axes[0], groups):
+        for name in group:
+            draw(ax, name, {**styles[name].plot_kwargs(), "label": name})
+        if logx:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc=legend)
+    axes[0][0].set_ylabel(ylabel)
+    if len(groups) == 1:
+        axes[0][0].set_title(title)
+    else:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
 def write_plots(out_dir: str, ttfts: Mapping[str, Sequence[float]], doc: Mapping[str, Any]) -> list[str]:
     """PNG plots; returns their paths, or [] with a message when matplotlib is missing."""
     kind = "real processes, simulated workers" if doc["config"].get("engine") == "real" else "simulated"
@@ -247,18 +274,18 @@ def write_plots(out_dir: str, ttfts: Mapping[str, Sequence[float]], doc: Mapping
 
         print("[bench] matplotlib is not installed: plots skipped (pip install matplotlib)", file=sys.stderr)
         return []
+    cdf_names = [n for n, v in ttfts.items() if v]
+    sweeps = [doc[key] for key in ("capacity_sweep", "load_sweep") if doc.get(key)]
+    styles = plot_style.styles([cdf_names, *(list(sweep["y"]) for sweep in sweeps)])  # alike in every plot
     paths = []
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, values in ttfts.items():
-        v = sorted(values)
-        if v:
-            ax.plot([x * 1000 for x in v], [(i + 1) / len(v) for i in range(len(v))], label=name)
-    ax.set_xscale("log")
-    ax.set_xlabel("TTFT (ms, log scale)")
-    ax.set_ylabel("fraction of calls")
-    ax.set_title(f"TTFT CDF per policy ({kind})")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+
+    def cdf(ax: Any, name: str, kwargs: dict[str, Any]) -> None:
+        v = sorted(ttfts[name])
+        ax.plot([x * 1000 for x in v], [(i + 1) / len(v) for i in range(len(v))], markevery=0.1, markersize=5,
+                **kwargs)
+
+    fig = _panelled(plt, cdf_names, styles, f"TTFT CDF per policy ({kind})", cdf,
+                    xlabel="TTFT (ms, log scale)", ylabel="fraction of calls", logx=True, legend="lower right")
     p = os.path.join(out_dir, "ttft_cdf.png")
     _save(fig, p)
     plt.close(fig)
@@ -271,16 +298,13 @@ def write_plots(out_dir: str, ttfts: Mapping[str, Sequence[float]], doc: Mapping
         sweep = doc.get(key)
         if not sweep:
             continue
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for name, ys in sweep["y"].items():
-            ax.plot(sweep["x"], ys, marker="o", label=name)
-        if logx:
-            ax.set_xscale("log")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+
+        def line(ax: Any, name: str, kwargs: dict[str, Any], sweep: Mapping[str, Any] = sweep) -> None:
+            # hollow markers of different shapes: lines that coincide still show each policy's marker
+            ax.plot(sweep["x"], sweep["y"][name], markersize=8, markerfacecolor="none", markeredgewidth=1.5,
+                    **kwargs)
+
+        fig = _panelled(plt, list(sweep["y"]), styles, title, line, xlabel=xlabel, ylabel=ylabel, logx=logx)
         p = os.path.join(out_dir, fname)
         _save(fig, p)
         plt.close(fig)

@@ -1,7 +1,7 @@
 """The gateway's access log: one line per proxied call (``--log-format json``: one JSON object).
 
 A line names the call (``request_id``: the client's ``x-request-id`` when it sent a usable one, else
-a new one; it is echoed in the response), who made it (``tenant``), its session (``session_hash``,
+a new one; every response of the gateway echoes it, logged or not: :func:`with_request_id`), who made it (``tenant``), its session (``session_hash``,
 never the id itself), where it went (``worker``, ``placement``, ``attempts``), how it ended
 (``status``: the HTTP status, or ``stream_error`` for a stream broken after it started;
 ``latency_ms`` until the last byte) and what the cache did (``cached_tokens`` of ``prompt_tokens``).
@@ -27,6 +27,7 @@ logger = logging.getLogger(ACCESS_LOGGER)
 REQUEST_ID_HEADER = "x-request-id"
 _MAX_ID = 128
 _current: ContextVar["Entry | None"] = ContextVar("agent_cache_access_entry", default=None)
+_SCOPE_KEY = "agent_cache.request_id"  # the id a response echoes, kept in its scope for the access line
 
 
 def _request_id(scope: Scope) -> str:
@@ -38,12 +39,25 @@ def _request_id(scope: Scope) -> str:
     return uuid.uuid4().hex
 
 
+def with_request_id(scope: Scope, send: Send) -> Send:
+    """``send`` with ``x-request-id`` added to the response: the client's usable id, else a new one."""
+    request_id = scope[_SCOPE_KEY] = _request_id(scope)
+    echoed = (REQUEST_ID_HEADER.encode(), request_id.encode("latin-1"))
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), echoed]}
+        await send(message)
+
+    return sending
+
+
 class Entry:
     """One call's access log line, filled in as the call goes."""
 
     def __init__(self, scope: Scope) -> None:
         self.started = time.monotonic()
-        self.request_id = _request_id(scope)
+        self.request_id: str = scope.get(_SCOPE_KEY) or _request_id(scope)
         self.path = str(scope["path"])
         self.status: int | str | None = None
         self.placement: Placement | None = None
@@ -104,12 +118,10 @@ async def logged(app: Any, scope: Scope, receive: Receive, send: Send) -> None:
     """Serve one proxied call with ``app``, then write its access line."""
     entry = Entry(scope)
     _current.set(entry)
-    echoed = (REQUEST_ID_HEADER.encode(), entry.request_id.encode("latin-1"))
 
     async def sending(message: Message) -> None:
         if message["type"] == "http.response.start":
             entry.status = message["status"]
-            message = {**message, "headers": [*message.get("headers", []), echoed]}
         await send(message)
 
     try:

@@ -389,12 +389,15 @@ class _Proxied:
 
 class _GatewayApp(Starlette):
     """Starlette, with the proxied calls dispatched straight to the gateway: they answer every error
-    themselves, so the middleware and route matching in front of them only cost time per call."""
+    themselves, so the middleware and route matching in front of them only cost time per call. Every
+    response carries ``x-request-id`` (the access log's ``request_id``)."""
 
     gateway: Gateway
     proxied: dict[str, _Proxied]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            send = access_log.with_request_id(scope, send)  # on every response, whatever is logged
         if scope["type"] == "http" and scope["method"] == "POST" and not self.user_middleware:
             endpoint = self.proxied.get(scope["path"])  # middleware added to the app sees every call
             if endpoint is not None:

@@ -58,6 +58,7 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if not self.workers and not self.fleet.dns:
             raise ConfigError("workers", "give at least one worker URL (or --workers-dns)")
+        parsed = parse_workers(self.workers, allow_empty=True)  # each URL checked before anything starts
         if not self.session_header or any(c.isspace() or c == ":" for c in self.session_header):
             raise ConfigError("session_header", f"not an HTTP header name: {self.session_header!r}")
         try:
@@ -79,7 +80,7 @@ class GatewayConfig:
             if not isinstance(self.kv_events, Mapping) or not all(
                     isinstance(v, EventSource) for v in self.kv_events.values()):
                 raise ConfigError("kv_events", "expected worker URL -> EventSource (see routing.kv_indexer)")
-            urls = {w.url for w in parse_workers(self.workers, allow_empty=True)}
+            urls = {w.url for w in parsed}
             strangers = sorted(set(self.kv_events) - urls)
             if strangers:
                 raise ConfigError("kv_events", f"{strangers} are not among the workers: name each worker's "

@@ -1,9 +1,11 @@
-"""Running ``agent-cache serve``: its listeners and its start-up line.
+"""Running ``agent-cache serve`` (and ``sim-worker``): its listeners and its start-up line.
 
-The start-up line is printed once the port is bound (uvicorn's start-up, the application's lifespan
-with its store check included, has finished), so a line on stderr means the gateway serves; it
-names the port actually bound (``--port 0`` picks a free one). ``--metrics-port`` serves
-``/metrics`` on a listener of its own, for in-cluster scraping without an API key.
+The command binds its port itself (:func:`listen`) once its configuration is checked, so a port that
+cannot be had is one line naming the flag, and uvicorn serves on that socket. The start-up line is
+printed once uvicorn's start-up, the application's lifespan with its store check included, has
+finished, so a line on stderr means the process serves; it names the port actually bound (``--port 0``
+picks a free one). ``--metrics-port`` serves ``/metrics`` on a listener of its own, for in-cluster
+scraping without an API key.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import sys
 from typing import Any, Callable
 
 import uvicorn
+
+from agent_cache.errors import ConfigError
 
 
 class _Server(uvicorn.Server):
@@ -27,6 +31,36 @@ class _Server(uvicorn.Server):
             print(self._banner(port), file=sys.stderr, flush=True)
 
 
+def check_port(port: int, flag: str) -> None:
+    """ConfigError naming ``flag`` for a port no socket can have (checked with the configuration, before
+    anything is bound)."""
+    if not 0 <= port <= 65535:
+        raise ConfigError(flag, f"a port is 0-65535, got {port}")
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port``, bound as uvicorn binds one (``SO_REUSEADDR``), for :func:`run`;
+    OSError when it cannot be (a port taken, an address not this host's). It listens at once: a socket
+    only bound would let another (``--metrics-port`` on the same port) bind it too."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen()  # uvicorn sets its backlog when it serves
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def cannot_listen(flag: str, host: str, port: int, exc: OSError) -> str:
+    """The one line saying why ``flag``'s port could not be had (the reason without its errno)."""
+    reason = exc.strerror or str(exc)
+    return f"{flag} {port}: cannot listen on {host}:{port}: {reason}"
+
+
 def start_metrics_listener(host: str, port: int) -> int:
     """Serve the process's Prometheus registry on ``host:port`` (a thread); the port bound.
     Raises OSError when it cannot be bound."""
@@ -36,8 +70,9 @@ def start_metrics_listener(host: str, port: int) -> int:
     return int(server.server_address[1])
 
 
-def run(app: Any, banner: Callable[[int], str], **options: Any) -> bool:
-    """``uvicorn.run(app, **options)``, printing ``banner(port)`` once serving; False if it never started."""
+def run(app: Any, banner: Callable[[int], str], sock: socket.socket, **options: Any) -> bool:
+    """``uvicorn.run(app, **options)`` on ``sock`` (from :func:`listen`), printing ``banner(port)`` once
+    serving; False if it never started."""
     server = _Server(uvicorn.Config(app, **options), banner)
-    server.run()
+    server.run(sockets=[sock])
     return server.started

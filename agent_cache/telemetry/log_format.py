@@ -1,7 +1,9 @@
-"""``--log-format``: the gateway's log lines as text (the default) or as one JSON object per line.
+"""``--log-format`` and ``--log-level``: the gateway's log lines as text (the default) or as one JSON
+object per line, and which of them are written.
 
 A JSON line has ``time`` (UTC, ISO 8601), ``level``, ``logger`` and ``message``; an access log line
-adds its fields (:mod:`agent_cache.gateway.access_log`). uvicorn's own loggers use the same format.
+adds its fields (:mod:`agent_cache.gateway.access_log`). uvicorn's own loggers use the same format,
+and so do the lines the command prints itself while it runs (:func:`own_line`: the start-up line).
 """
 
 from __future__ import annotations
@@ -11,9 +13,31 @@ import logging
 import time
 from typing import Any
 
+from agent_cache.errors import ConfigError
+
 FORMATS = ("text", "json")
 ACCESS_LOGGER = "agent_cache.access"
 FIELDS = "access"  # the ``extra`` key an access log record carries its fields under
+LEVEL_ALIASES = {"warn": "warning"}  # smg's spelling (``smg launch --log-level warn``)
+
+
+def levels() -> tuple[str, ...]:
+    """The levels ``--log-level`` takes: uvicorn's, which runs the process's logging."""
+    from uvicorn.config import LOG_LEVELS
+
+    return tuple(LOG_LEVELS)
+
+
+def log_level(text: str, flag: str = "--log-level") -> str:
+    """``text`` as one of :func:`levels` (any case; ``warn`` for warning); ConfigError naming ``flag``
+    and the choices otherwise."""
+    name = text.strip().lower()
+    name = LEVEL_ALIASES.get(name, name)
+    if name not in levels():
+        aliases = {v: k for k, v in LEVEL_ALIASES.items()}
+        choices = ", ".join(f"{n} (or {aliases[n]})" if n in aliases else n for n in levels())
+        raise ConfigError(flag, f"unknown level {text!r}; choose from {choices}")
+    return name
 
 
 class JsonFormatter(logging.Formatter):
@@ -45,6 +69,15 @@ class TextFormatter(logging.Formatter):
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text
+
+
+def own_line(log_format: str, message: str, *, level: str = "info", logger: str = "agent_cache.gateway") -> str:
+    """A line the command prints itself (not through logging: the start-up line is written whatever
+    ``--log-level`` is), in ``log_format``: the message as it is, or a JSON line like the others."""
+    if log_format != "json":
+        return message
+    record = logging.LogRecord(logger, logging.getLevelName(level.upper()), __name__, 0, message, None, None)
+    return JsonFormatter().format(record)
 
 
 def logging_config(log_format: str, level: str) -> dict[str, Any]:

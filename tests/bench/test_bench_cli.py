@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +82,10 @@ def test_results_files(quick) -> None:
     for png in ("ttft_cdf.png", "hit_rate_vs_capacity.png", "throughput_vs_load.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp files left
+    umask = os.umask(0)
+    os.umask(umask)
+    for written in out.iterdir():  # readable as any file the user writes: 0644 under the usual umask 022
+        assert stat.S_IMODE(written.stat().st_mode) == 0o666 & ~umask, written
 
 
 def test_trace_replay_completes_every_call(tmp_path) -> None:

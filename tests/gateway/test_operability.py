@@ -92,6 +92,24 @@ def test_metrics_port_admin_guard_and_json_access_log(procs, worker, tmp_path):
     assert first["cached_tokens"] == 0 and second["cached_tokens"] > 200  # the session's prefix, cached
     assert refused["status"] == 401 and refused["tenant"] is None and len(refused["request_id"]) == 32
     assert "agent-42" not in _log(proc)  # a session id is logged only hashed
+    start_up = [json.loads(line) for line in _log(proc).splitlines() if BANNER.search(line)]
+    assert [(line["level"], line["logger"]) for line in start_up] == [("info", "agent_cache.gateway")]
+    assert all(line.startswith("{") for line in _log(proc).splitlines()), _log(proc)  # json: every line
+
+
+def test_every_response_carries_a_request_id_whatever_is_logged(procs, worker):
+    """At the default --log-level (here smg's spelling of it), with no access line written."""
+    proc = procs.start("serve", [sys.executable, "-m", "agent_cache.cli", "serve", "--port", "0", "--workers", worker,
+                                 "--log-level", "warn"])
+    url = f"http://127.0.0.1:{_banner_port(proc)}"
+    body = {"model": "sim", "max_tokens": 4, "messages": [{"role": "user", "content": "go"}]}
+    sent = httpx.post(url + "/v1/chat/completions", json=body, headers={"x-request-id": "req-7"}, timeout=30.0)
+    assert sent.status_code == 200 and sent.headers["x-request-id"] == "req-7"
+    for response in (httpx.post(url + "/v1/chat/completions", json=body, timeout=30.0),
+                     httpx.post(url + "/v1/chat/completions", content=b"{", timeout=30.0),
+                     httpx.get(url + "/health"), httpx.get(url + "/v1/models")):
+        assert re.fullmatch(r"[0-9a-f]{32}", response.headers.get("x-request-id", "")), response
+    assert "agent_cache.access" not in _log(proc)  # no access line was written
 
 
 def test_no_start_up_line_when_the_port_is_taken_and_the_failure_is_one_line(procs, worker):
