@@ -14,12 +14,17 @@ their difference in points, and whether the policies rank the same; writes
         --capacity-tokens 12000 --policies consistent-hash,agent-cache,smg-cache_aware --out sim-vs-real
 
 The simulated workers run the simulator's latency model in real time
-(``--time-scale``, default 1): a GPU's timings, not the CPU's, so
-load-dependent placement can differ where the real run is slow.
+(``--sim-time-scale``, default 1): a GPU's timings, not the CPU's, so
+sessions last longer on the real servers, more of them are live at once and
+their pools are pressed harder. ``--sim-time-scale S`` slows the simulated
+workers S times (to bring their session latency near the real one), and
+``--sim-only`` runs only the simulated side again beside an earlier real run
+in the same ``--out``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -46,12 +51,13 @@ def compare(real: Mapping[str, Any], sim: Mapping[str, Any]) -> dict[str, Any]:
             continue
         rows[name] = {"real_hit_rate": m["token_hit_rate"], "sim_hit_rate": s["token_hit_rate"],
                       "difference_points": 100 * (s["token_hit_rate"] - m["token_hit_rate"]),
+                      "real_session_s": m["mean_session_latency_s"], "sim_session_s": s["mean_session_latency_s"],
                       "real_errors": m["errors"], "sim_errors": s["errors"]}
     both = {n: real["policies"][n] for n in rows}
     return {"policies": rows, "same_ranking": _ranking(both) == _ranking({n: sim["policies"][n] for n in rows}),
             "real_ranking": _ranking(both), "sim_ranking": _ranking({n: sim["policies"][n] for n in rows}),
             "within_points": AGREEMENT_POINTS,
-            "all_within": all(abs(r["difference_points"]) <= AGREEMENT_POINTS for r in rows.values()),
+            "all_within": all(round(abs(r["difference_points"]), 6) <= AGREEMENT_POINTS for r in rows.values()),
             "real_config": real["config"], "sim_config": sim["config"]}
 
 
@@ -62,11 +68,13 @@ def markdown(doc: Mapping[str, Any]) -> str:
              f"{cfg['workers']} workers of {cfg['capacity_tokens_per_worker']:,} tokens, page size "
              f"{cfg['page_size']}, answers of at most {cfg['answer_tokens']} tokens, closed-loop; the simulated "
              f"workers count with the real model's tokenizer.", "",
-             "| policy | real hit rate | sim hit rate | sim - real (points) | errors real/sim |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+             f"Simulated workers at time scale {doc['sim_config'].get('time_scale', 1):g}.", "",
+             "| policy | real hit rate | sim hit rate | sim - real (points) | session s real/sim | errors real/sim |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in doc["policies"].items():
         lines.append(f"| {name} | {r['real_hit_rate']:.1%} | {r['sim_hit_rate']:.1%} | "
-                     f"{r['difference_points']:+.1f} | {r['real_errors']}/{r['sim_errors']} |")
+                     f"{r['difference_points']:+.1f} | {r['real_session_s']:.1f}/{r['sim_session_s']:.1f} | "
+                     f"{r['real_errors']}/{r['sim_errors']} |")
     lines += ["", f"Same ranking: {'yes' if doc['same_ranking'] else 'no'} (real: {', '.join(doc['real_ranking'])}; "
                   f"sim: {', '.join(doc['sim_ranking'])}). Every difference within {doc['within_points']:g} "
                   f"points: {'yes' if doc['all_within'] else 'no'}.", ""]
@@ -74,7 +82,13 @@ def markdown(doc: Mapping[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_in = list(sys.argv[1:] if argv is None else argv)
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--sim-time-scale", type=float, default=1.0)
+    own.add_argument("--sim-only", action="store_true")
+    mine, args_in = own.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    if not mine.sim_time_scale >= 0:
+        print(f"sim_vs_real: {ConfigError('--sim-time-scale', 'must be >= 0')}", file=sys.stderr)
+        return 2
     parser = build_parser()
     parser.prog = "python -m agent_cache.bench.sim_vs_real"
     try:
@@ -98,13 +112,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.answer_tokens is None:
         common += ["--answer-tokens", str(DEFAULT_ANSWER_TOKENS)]
     out = args.out
-    runs = {"sglang": ["--fleet", "sglang"], "sim": ["--sim-tokenizer", str(installed.model_dir)]}
+    runs = {"sglang": ["--fleet", "sglang"],
+            "sim": ["--sim-tokenizer", str(installed.model_dir), "--time-scale", repr(mine.sim_time_scale)]}
     docs = {}
     for fleet, extra in runs.items():
         run_out = os.path.join(out, fleet)
-        rc = main_bench(["--engine", "real", *extra, *_without_out(common), "--out", run_out])
-        if rc != 0:
-            return rc
+        if not (mine.sim_only and fleet == "sglang"):  # --sim-only: the real run's results are kept from before
+            rc = main_bench(["--engine", "real", *extra, *_without_out(common), "--out", run_out])
+            if rc != 0:
+                return rc
         with open(os.path.join(run_out, "results.json")) as f:
             docs[fleet] = json.load(f)
     doc = compare(docs["sglang"], docs["sim"])
