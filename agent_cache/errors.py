@@ -40,20 +40,47 @@ ModelRateLimitError, the other retryable ones from ModelAPIError), so
 ``except ModelConnectionError`` and ``except WorkerConnectionError`` both
 work. That is why this bottom layer imports ``langchain_core.exceptions``:
 ``except`` matches real subclasses only (it ignores ``__subclasscheck__``),
-so the LangChain types must be bases when the classes are made.
+so the LangChain types must be bases when the classes are made. Where
+langchain-core is not installed (the gateway image, which runs no LangChain
+code) plain stand-ins of the same names take their place.
 """
 
 from __future__ import annotations
 
-from langchain_core.exceptions import (
-    ContextOverflowError,
-    ModelAPIError,
-    ModelConnectionError,
-    ModelInvalidRequestError,
-    ModelRateLimitError,
-    ModelTimeoutError,
-)
+try:
+    from langchain_core.exceptions import (
+        ContextOverflowError,
+        ModelAPIError,
+        ModelConnectionError,
+        ModelInvalidRequestError,
+        ModelRateLimitError,
+        ModelTimeoutError,
+    )
+except ModuleNotFoundError as exc:
+    if exc.name != "langchain_core" and not (exc.name or "").startswith("langchain_core."):
+        raise  # langchain-core is there but broken: say so
 
+    # nothing can catch LangChain's types where LangChain is absent: the bases only keep the tree
+    class _ModelError(Exception):
+        is_retryable = False
+
+    class ModelAPIError(_ModelError):  # type: ignore[no-redef]
+        is_retryable = True
+
+    class ModelConnectionError(_ModelError):  # type: ignore[no-redef]
+        is_retryable = True
+
+    class ModelTimeoutError(_ModelError):  # type: ignore[no-redef]
+        is_retryable = True
+
+    class ModelRateLimitError(_ModelError):  # type: ignore[no-redef]
+        is_retryable = True
+
+    class ModelInvalidRequestError(_ModelError):  # type: ignore[no-redef]
+        pass
+
+    class ContextOverflowError(_ModelError):  # type: ignore[no-redef]
+        pass
 
 class AgentCacheError(Exception):
     """Base of every error raised by agent-cache."""

@@ -1,6 +1,6 @@
-"""The gateway image: the Dockerfile read as Docker reads it (offline), the build context the
-.dockerignore lets through, the wheel built from that context alone, and a real ``docker build``
-where a daemon and the base image are at hand."""
+"""The gateway image: the Dockerfile read as Docker reads it (offline), the dependency lock it installs
+from, the build context the .dockerignore lets through, the wheel built from that context alone, and a
+real ``docker build`` where a daemon and the base image are at hand."""
 
 from __future__ import annotations
 
@@ -9,15 +9,18 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import uuid
 import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from agent_cache.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
+LOCK_DIR = ROOT / "deploy" / "docker"
 # a name part that says "secret": API_KEY, HF_TOKEN, REDIS_PASSWORD (not TIKTOKEN_CACHE_DIR)
 SECRET_NAME = re.compile(r"(?:^|_)(?:KEYS?|TOKEN|SECRET|PASSWORD|PASSWD|PASS|CREDENTIALS?|REDIS_URL)(?:_|$)",
                          re.IGNORECASE)
@@ -97,6 +100,60 @@ def test_no_secret_is_baked_into_the_image():
         assert not re.search(r"rediss?://[^\s\"]*:[^\s\"@]*@", arg), (kind, arg)  # a URL with a password
         if kind in ("COPY", "ADD"):
             assert not re.search(r"keys|\.env|\.pem|secret", arg, re.IGNORECASE), (kind, arg)
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _is_langchain(name: str) -> bool:
+    return _canonical(name).startswith(("langchain", "langgraph", "langsmith"))
+
+
+def _locked() -> dict[str, tuple[str, list[str]]]:
+    """gateway-requirements.txt as {name: (version, hashes)}."""
+    text = (LOCK_DIR / "gateway-requirements.txt").read_text()
+    out = {}
+    for block in re.split(r"\n(?=[A-Za-z0-9])", text):
+        match = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", block)
+        if match:
+            out[_canonical(match.group(1))] = (match.group(2), re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
+    return out
+
+
+def test_the_gateway_lock_is_the_runtime_dependencies_without_langchain_pinned_and_hashed():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["otel"]]
+    gateway = {_canonical(r.name): r for r in runtime if not _is_langchain(r.name)}
+    assert len(gateway) < len(runtime)  # the LangChain stack is left out
+    lines = (LOCK_DIR / "gateway-requirements.in").read_text().splitlines()
+    listed = {_canonical(Requirement(line).name): Requirement(line) for line in lines if line and line[0] != "#"}
+    assert set(listed) == set(gateway)
+    assert all(listed[name].extras == r.extras for name, r in gateway.items())  # redis[hiredis], uvicorn[standard]
+    locked = _locked()
+    for name, requirement in gateway.items():
+        assert locked[name][0] in requirement.specifier, (name, locked[name][0], str(requirement.specifier))
+    assert not [name for name in locked if _is_langchain(name)]
+    assert not [name for name, (_, hashes) in locked.items() if not hashes], "every pin carries its hashes"
+
+
+def test_dependencies_install_from_the_lock_in_their_own_layer_before_the_sources():
+    build, runtime = _stages(_dockerfile())[0], _stages(_dockerfile())[-1]
+
+    def first(kind: str, *parts: str) -> int:
+        return next(i for i, (k, a) in enumerate(build) if k == kind and all(p in a for p in parts))
+
+    copy_lock = first("COPY", "gateway-requirements.txt")
+    install_lock = first("RUN", "-r gateway-requirements.txt")
+    copy_sources = first("COPY", "agent_cache")
+    install_package = first("RUN", "install --no-deps .")
+    assert copy_lock < install_lock < copy_sources < install_package
+    # only the lock precedes its layer: a change to the sources leaves the dependencies' layer cached
+    assert [a for k, a in build[:install_lock] if k in ("COPY", "ADD")] == [build[copy_lock][1]]
+    assert "--require-hashes" in build[install_lock][1] and "--no-deps" in build[install_lock][1]
+    # no installer in what runs: the environment is made without pip, the base image's is removed
+    assert any(k == "RUN" and "venv --without-pip" in a for k, a in build)
+    assert any(k == "RUN" and re.search(r"pip uninstall .*\bpip\b.*\bsetuptools\b", a) for k, a in runtime)
 
 
 def _ignore_rules() -> list[tuple[bool, re.Pattern[str]]]:
