@@ -36,10 +36,23 @@ from agent_cache.errors import ConfigError
 
 DEFAULT_ANSWER_TOKENS = 16
 AGREEMENT_POINTS = 2.0  # a difference in hit rate the comparison calls agreement
+TIE_POINTS = 0.5  # two policies this close in one run are tied: either order ranks them alike
 
 
 def _ranking(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return sorted(policies, key=lambda n: -policies[n]["token_hit_rate"])
+
+
+def same_order(a: Mapping[str, float], b: Mapping[str, float], tie: float = TIE_POINTS) -> bool:
+    """Whether hit rates ``a`` and ``b`` (points, per policy) put every pair of policies in the same order; a
+    pair within ``tie`` points in either run is tied there and agrees with any order."""
+    names = list(a)
+    for i, x in enumerate(names):
+        for y in names[i + 1:]:
+            da, db = a[x] - a[y], b[x] - b[y]
+            if abs(da) > tie and abs(db) > tie and (da > 0) != (db > 0):
+                return False
+    return True
 
 
 def compare(real: Mapping[str, Any], sim: Mapping[str, Any]) -> dict[str, Any]:
@@ -54,7 +67,9 @@ def compare(real: Mapping[str, Any], sim: Mapping[str, Any]) -> dict[str, Any]:
                       "real_session_s": m["mean_session_latency_s"], "sim_session_s": s["mean_session_latency_s"],
                       "real_errors": m["errors"], "sim_errors": s["errors"]}
     both = {n: real["policies"][n] for n in rows}
-    return {"policies": rows, "same_ranking": _ranking(both) == _ranking({n: sim["policies"][n] for n in rows}),
+    points = {side: {n: 100 * doc["policies"][n]["token_hit_rate"] for n in rows} for side, doc in
+              (("real", real), ("sim", sim))}
+    return {"policies": rows, "same_ranking": same_order(points["real"], points["sim"]),
             "real_ranking": _ranking(both), "sim_ranking": _ranking({n: sim["policies"][n] for n in rows}),
             "within_points": AGREEMENT_POINTS,
             "all_within": all(round(abs(r["difference_points"]), 6) <= AGREEMENT_POINTS for r in rows.values()),
@@ -75,7 +90,8 @@ def markdown(doc: Mapping[str, Any]) -> str:
         lines.append(f"| {name} | {r['real_hit_rate']:.1%} | {r['sim_hit_rate']:.1%} | "
                      f"{r['difference_points']:+.1f} | {r['real_session_s']:.1f}/{r['sim_session_s']:.1f} | "
                      f"{r['real_errors']}/{r['sim_errors']} |")
-    lines += ["", f"Same ranking: {'yes' if doc['same_ranking'] else 'no'} (real: {', '.join(doc['real_ranking'])}; "
+    lines += ["", f"Same ranking (pairs within {TIE_POINTS:g} points count as tied): "
+                  f"{'yes' if doc['same_ranking'] else 'no'} (real: {', '.join(doc['real_ranking'])}; "
                   f"sim: {', '.join(doc['sim_ranking'])}). Every difference within {doc['within_points']:g} "
                   f"points: {'yes' if doc['all_within'] else 'no'}.", ""]
     return "\n".join(lines)
