@@ -376,12 +376,13 @@ def _serve(args: argparse.Namespace) -> int:
             f"(store: {'redis' if args.redis else 'in-process'}, API keys: {keys}{metrics}, "
             f"tracing: {'on' if tracing.tracer() is not None else 'off'})"))
 
+    connections = http_limits.Connections(http_limits.raise_open_file_limit(), limits.max_pending)
     started = serving.run(
-        app, banner, listeners[0], log_level=args.log_level, access_log=False,
+        app, banner, listeners[0], connections, log_level=args.log_level, access_log=False,
         log_config=log_format.logging_config(args.log_format, args.log_level),
         timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.keep_alive, backlog=4096,
         loop=args.loop, proxy_headers=False,  # no client address is used: skip its rewrite
-        **http_limits.uvicorn_options(limits, args.http, http_limits.raise_open_file_limit()))
+        **http_limits.uvicorn_options(limits, args.http, connections))
     return 0 if started else 1
 
 

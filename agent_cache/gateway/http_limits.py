@@ -15,14 +15,23 @@ parsers are wrapped here alike, at the bytes they are fed:
   seconds, counted from the connection's opening (a fresh connection) or
   from the first byte of the next request (a kept-alive one: the idle wait
   between requests stays uvicorn's ``--keep-alive``). Then 408 and close.
-- **pending connections**: at most ``max_pending`` connections may be
-  waiting for their headers; one more closes the one that has waited
-  longest, so new (legitimate) connections are served while an attacker's
-  hold nothing for long.
+- **pending connections**: at most ``max_pending`` connections (and a
+  quarter of the open-file limit) may be waiting for their headers. For
+  another to be accepted (:mod:`agent_cache.gateway.accepting`), the one
+  whose headers have been arriving in part for longest is closed (a slow
+  sender: a legitimate request's headers come whole in one read), else the
+  one that has said nothing for longest once it has had ``ROOM_GRACE_S``
+  seconds (its client may not have sent yet) and nothing from it waits
+  unread; else new connections wait in the kernel's queue meanwhile. So
+  new (legitimate) connections are served while an attacker's hold nothing
+  for long.
 - **idle connections**: an idle kept-alive connection waits ``--keep-alive``
-  as before, but once more than half the open-file limit are open, each new
-  connection closes the idle one that has waited longest (as nginx reclaims
-  kept-alive connections when it runs out), which HTTP clients expect.
+  as before; but while half the open-file limit are open (the other half is
+  for the calls' connections to workers), a new connection is accepted only
+  once one is closed: as above, else the one idle longest (as nginx
+  reclaims kept-alive connections) once idle ``ROOM_GRACE_S`` seconds with
+  no byte of a next request unread. A connection with a request under way
+  is never closed to let another in.
 - **requests sent ahead**: httptools parses every request in a read at
   once and queues those sent before the previous answer; a connection with
   more than ``MAX_PIPELINED`` queued is closed (256 KB of pipelined
@@ -38,8 +47,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import json
 import resource
+import termios
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
@@ -57,6 +69,11 @@ DEFAULT_MAX_PENDING = 1024
 DEFAULT_SEND_TIMEOUT = 60.0  # nginx's send_timeout
 MAX_PIPELINED = 16  # requests a connection may send ahead of their answers before it is closed
 PARSE_SLICE = 4096  # bytes fed to the parser at a time, so that the limits act between slices
+# no connection that has sent nothing yet, or is idle, is closed to make room for another before it
+# has had this long: a legitimate client may not have sent its request yet (one busy with many
+# calls took hundreds of milliseconds), or may be reusing the idle connection (closed under its
+# next call, a POST fails: httpx does not retry it)
+ROOM_GRACE_S = 1.0
 
 
 _FLAGS = {"max_bytes": "--max-header-bytes", "max_count": "--max-header-count", "max_line": "--max-header-line",
@@ -95,8 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a request's headers may take to arrive: 408 and close past it "
                              "(default %(default)s)")
     parser.add_argument("--max-pending-connections", type=int, default=DEFAULT_MAX_PENDING,
-                        help="connections waiting for their request headers at once; one more closes the one "
-                             "waiting longest (default %(default)s, at most a quarter of the open-file limit)")
+                        help="connections waiting for their request headers at once; one more closes the "
+                             "slowest of them (default %(default)s, at most a quarter of the open-file limit)")
     parser.add_argument("--send-timeout", type=float, default=DEFAULT_SEND_TIMEOUT,
                         help="seconds an answer may wait for the client to read any of it before the "
                              "connection is closed (default %(default)s)")
@@ -124,15 +141,11 @@ def raise_open_file_limit() -> int:
     return target
 
 
-def uvicorn_options(limits: HeaderLimits, http: str, open_files: int) -> dict[str, Any]:
+def uvicorn_options(limits: HeaderLimits, http: str, connections: Connections) -> dict[str, Any]:
     """Keyword arguments for ``uvicorn.run``/``uvicorn.Config``: the HTTP protocol class (``http``:
-    ``auto``, ``httptools`` or ``h11``) wrapped with ``limits``. Pending connections are capped at a
-    quarter of ``open_files`` too, so they never take the descriptors calls and workers need; past
-    half of ``open_files`` client connections, idle kept-alive ones are closed, oldest first."""
-    cap = max(1, min(limits.max_pending, open_files // 4))
-    pending = _Pending(cap, max(cap, open_files // 2))
+    ``auto``, ``httptools`` or ``h11``) wrapped with ``limits``, its connections kept in ``connections``."""
     guarded = _GuardedH11 if _base_class(http) is H11Protocol else _GuardedHttpTools
-    protocol = type(f"Limited{guarded.__name__}", (guarded,), {"guard_limits": limits, "guard_pending": pending})
+    protocol = type(f"Limited{guarded.__name__}", (guarded,), {"guard_limits": limits, "guard_pending": connections})
     # h11 refuses (400) a header block past its own buffer bound: ours comes first, 431
     return {"http": protocol, "h11_max_incomplete_event_size": 2 * limits.max_bytes + (1 << 16)}
 
@@ -151,42 +164,91 @@ def _base_class(http: str) -> type[asyncio.Protocol]:
     return HttpToolsProtocol
 
 
-class _Pending:
-    """The connections waiting for their headers, oldest first, at most ``cap`` of them; and the idle
-    kept-alive ones, oldest first, closed (as nginx reclaims them) while more than ``max_open``
-    connections are open, so idle connections cannot hold the descriptors new ones need."""
+class Connections:
+    """The client connections as the limits see them. Those waiting for their headers, at most
+    ``cap`` (a quarter of ``open_files``, or ``max_pending`` if lower): one more closes one of them,
+    first the one whose headers have been arriving, in part, for longest (a slow sender), else the
+    one that has said nothing for longest (its client may not have sent yet: a legitimate request
+    comes whole in one read). Those idle between kept-alive requests, oldest first. ``max_open``,
+    half of ``open_files``, is how many client connections the listener keeps open (the other half
+    serves the calls' connections to workers); :meth:`admit` says when another may be accepted."""
 
-    def __init__(self, cap: int, max_open: int) -> None:
-        self.cap, self.max_open = cap, max_open
-        self._waiting: OrderedDict[_Guard, None] = OrderedDict()
-        self._idle: OrderedDict[_Guard, None] = OrderedDict()
+    def __init__(self, open_files: int, max_pending: int) -> None:
+        self.cap = max(1, min(max_pending, open_files // 4))
+        self.max_open = max(self.cap, open_files // 2)
+        # connection -> since when it waits in that state, oldest first
+        self._silent: OrderedDict[_Guard, float] = OrderedDict()  # no byte of its headers yet
+        self._partial: OrderedDict[_Guard, float] = OrderedDict()  # some, not all
+        self._idle: OrderedDict[_Guard, float] = OrderedDict()
 
     def add(self, guard: _Guard) -> None:
         self._idle.pop(guard, None)
-        self._waiting[guard] = None
-        while len(self._waiting) > self.cap:
-            oldest, _ = self._waiting.popitem(last=False)
-            oldest.evict()
+        self._silent[guard] = time.monotonic()
+        while len(self) > self.cap:
+            self._slowest().evict()
+
+    def partial(self, guard: _Guard) -> None:
+        """Some of the headers arrived, not all."""
+        if self._silent.pop(guard, None) is not None:
+            self._partial[guard] = time.monotonic()
 
     def discard(self, guard: _Guard) -> None:
-        self._waiting.pop(guard, None)
+        self._silent.pop(guard, None)
+        self._partial.pop(guard, None)
 
     def idle(self, guard: _Guard) -> None:
-        self._idle[guard] = None
+        self._idle.pop(guard, None)
+        self._idle[guard] = time.monotonic()
 
     def busy(self, guard: _Guard) -> None:
         self._idle.pop(guard, None)
 
-    def reclaim(self, open_now: int) -> None:
-        """A connection opened and ``open_now`` are open: close idle ones beyond ``max_open``, oldest first."""
-        for _ in range(open_now - self.max_open):
-            if not self._idle:
-                return
-            oldest, _ = self._idle.popitem(last=False)
-            oldest.evict()
+    def _slowest(self) -> _Guard:
+        return next(iter(self._partial or self._silent))
+
+    def admit(self, open_now: int, arriving: int) -> bool:
+        """Whether one more connection may be accepted now, ``open_now`` being open and ``arriving``
+        of them not yet waiting for their headers (being set up). When ``cap`` wait for theirs, or
+        ``max_open`` are open, one is closed to make room if one may go: the one whose headers have
+        been arriving in part for longest; else the one that has said nothing for longest, once it
+        has had ``ROOM_GRACE_S`` and nothing from it waits unread; else (only for ``max_open``) the
+        one idle longest, on the same terms. If none may go, new connections wait in the kernel's
+        queue and the listener looks again shortly."""
+        waiting = len(self) + arriving
+        if waiting < self.cap and open_now < self.max_open:
+            return True
+        old = time.monotonic() - ROOM_GRACE_S
+        victim = next(iter(self._partial), None)
+        if victim is None and self._silent:
+            victim, since = next(iter(self._silent.items()))
+            if since > old or _unread(victim.transport) > 0:
+                victim = None
+        if victim is not None:
+            victim.evict()  # out of the waiting at once; its descriptor is free once it is lost
+            return waiting - 1 < self.cap and open_now < self.max_open
+        if waiting >= self.cap:
+            return False
+        for guard, since in list(self._idle.items()):
+            if since > old:
+                break  # the others went idle later still
+            if _unread(guard.transport) > 0:  # its next request is here, not read yet: not idle
+                self._idle.pop(guard)
+                continue
+            guard.evict()
+            break
+        return False
 
     def __len__(self) -> int:
-        return len(self._waiting)
+        return len(self._silent) + len(self._partial)
+
+
+def _unread(transport: asyncio.Transport) -> int:
+    """Bytes received on the connection that the loop has not read yet (0 if that cannot be told)."""
+    sock = transport.get_extra_info("socket")
+    try:
+        return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"), "little")
+    except (AttributeError, OSError, ValueError):
+        return 0
 
 
 def _in_headers(cycle: Any) -> bool:
@@ -198,7 +260,7 @@ def _in_headers(cycle: Any) -> bool:
 class _Guard:
     """One connection's header budget and timer (see the module's docstring)."""
 
-    def __init__(self, limits: HeaderLimits, pending: _Pending, loop: asyncio.AbstractEventLoop,
+    def __init__(self, limits: HeaderLimits, pending: Connections, loop: asyncio.AbstractEventLoop,
                  transport: asyncio.Transport, cycle: Callable[[], Any]) -> None:
         self.limits, self.pending, self.loop, self.transport = limits, pending, loop, transport
         self.cycle = cycle  # the protocol's current request/response cycle
@@ -253,6 +315,7 @@ class _Guard:
         else:
             self.received += len(data)
             self.tail = (self.tail + data)[-3:]
+            self.pending.partial(self)
 
     def _timed_out(self) -> None:
         self.timer = None
@@ -374,7 +437,7 @@ class _GuardedMixin:
     """What the two parser classes below add to uvicorn's (set by :func:`uvicorn_options`)."""
 
     guard_limits: ClassVar[HeaderLimits]
-    guard_pending: ClassVar[_Pending]
+    guard_pending: ClassVar[Connections]
     guard: _Guard | None = None
 
 
@@ -388,7 +451,6 @@ def _make(base: type[Any]) -> type[Any]:
             super().connection_made(transport)
             self.guard = _Guard(self.guard_limits, self.guard_pending, self.loop, transport, lambda: self.cycle)
             self.guard.start()
-            self.guard_pending.reclaim(len(self.connections))
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

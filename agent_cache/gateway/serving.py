@@ -5,30 +5,57 @@ cannot be had is one line naming the flag, and uvicorn serves on that socket. Th
 printed once uvicorn's start-up, the application's lifespan with its store check included, has
 finished, so a line on stderr means the process serves; it names the port actually bound (``--port 0``
 picks a free one). ``--metrics-port`` serves ``/metrics`` on a listener of its own, for in-cluster
-scraping without an API key.
+scraping without an API key. The gateway's client connections are accepted by
+:class:`agent_cache.gateway.accepting.BoundedListener`, within the budget of
+:class:`agent_cache.gateway.http_limits.Connections`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import socket
 import sys
 from typing import Any, Callable
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 
 from agent_cache.errors import ConfigError
+from agent_cache.gateway.accepting import BoundedListener
+from agent_cache.gateway.http_limits import Connections
+
+_uvicorn_log = logging.getLogger("uvicorn.error")  # where uvicorn says why it could not bind
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, banner: Callable[[int], str]) -> None:
+    def __init__(self, config: uvicorn.Config, banner: Callable[[int], str], connections: Connections | None) -> None:
         super().__init__(config)
-        self._banner = banner
+        self._banner, self._connections = banner, connections
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started:
-            port = self.servers[0].sockets[0].getsockname()[1] if self.servers else self.config.port
-            print(self._banner(port), file=sys.stderr, flush=True)
+        assert sockets, "run() serves on the socket the command bound"
+        sock = sockets[0]
+        if self._connections is None:  # uvicorn's own listener (the simulated worker)
+            await super().startup(sockets)
+            if self.started:
+                print(self._banner(sock.getsockname()[1]), file=sys.stderr, flush=True)
+            return
+        # uvicorn's start-up with its listener (the loop's server) replaced by a bounded one
+        await self.lifespan.startup()
+        if self.lifespan.should_exit:
+            sys.exit(STARTUP_FAILURE)
+        config = self.config
+        sock.listen(config.backlog)
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(config=config, server_state=self.server_state,  # type: ignore[call-arg]
+                                              app_state=self.lifespan.state)
+
+        listener = BoundedListener(sock, protocol, lambda: len(self.server_state.connections), self._connections.admit)
+        self.servers = [listener]  # type: ignore[list-item] # what uvicorn's shutdown uses of a server
+        self.started = True
+        print(self._banner(sock.getsockname()[1]), file=sys.stderr, flush=True)
 
 
 def check_port(port: int, flag: str) -> None:
@@ -70,9 +97,11 @@ def start_metrics_listener(host: str, port: int) -> int:
     return int(server.server_address[1])
 
 
-def run(app: Any, banner: Callable[[int], str], sock: socket.socket, **options: Any) -> bool:
+def run(app: Any, banner: Callable[[int], str], sock: socket.socket, connections: Connections | None = None,
+        **options: Any) -> bool:
     """``uvicorn.run(app, **options)`` on ``sock`` (from :func:`listen`), printing ``banner(port)`` once
-    serving; False if it never started."""
-    server = _Server(uvicorn.Config(app, **options), banner)
+    serving; with ``connections`` (the gateway), connections are accepted within its budget (``options["http"]``
+    keeps its connections there). False if it never started."""
+    server = _Server(uvicorn.Config(app, **options), banner, connections)
     server.run(sockets=[sock])
     return server.started

@@ -1,11 +1,13 @@
 """Measured by hand (too long for the suite): ten 100 MB request headers (the gateway's RSS before and
-after) and 1,100 slow-header connections (the share of legitimate calls that succeed meanwhile)
-against `agent-cache serve` with its defaults, three simulated workers, and the open-file limit given
-as SOFT:HARD (default 1024:4096); --slow-only skips the large headers.
+after) and 1,100 slow-header connections (the share of legitimate calls that succeed meanwhile: one
+every 0.2 s; then, with each slow connection reopened as soon as it is closed, 3 rounds of 128 calls
+at once over kept-alive connections and 128 over fresh ones) against `agent-cache serve` with its
+defaults, three simulated workers, and the open-file limit given as SOFT:HARD (default 1024:4096);
+--slow-only skips the large headers.
 
     PYTHONPATH=$PWD python tests/gateway/measure_header_limits.py 1024:1024
 """
-import socket, subprocess, sys, threading, time, httpx
+import asyncio, socket, subprocess, sys, threading, time, httpx
 from agent_cache.sim import SimFleet
 from agent_cache.bench.realfleet import free_port
 BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
@@ -57,4 +59,39 @@ with SimFleet(3) as f:
             time.sleep(0.2)
     stop.set(); a.join()
     print(f"1,100 slow-header connections (1 byte/s, reopened when closed; {opened[0]} opened): {ok} of {n} calls succeeded")
+    async def reopened(stop, opened):  # each slow connection reopened at once when the gateway closes it
+        async def one():
+            while not stop.is_set():
+                try: r, w = await asyncio.open_connection("127.0.0.1", port)
+                except OSError: await asyncio.sleep(0.05); continue
+                opened[0] += 1
+                async def trickle():
+                    for i in range(len(TRICKLE)): w.write(TRICKLE[i:i + 1]); await asyncio.sleep(1)
+                t = asyncio.ensure_future(trickle())
+                try: await r.read(65536)
+                except OSError: pass
+                t.cancel(); w.close()
+        ts = [asyncio.ensure_future(one()) for _ in range(1100)]
+        while not stop.is_set(): await asyncio.sleep(0.1)
+        [t.cancel() for t in ts]; await asyncio.gather(*ts, return_exceptions=True)
+    async def rounds(headers):
+        failed, took = {}, []
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=128)) as c:
+            async def one():
+                t0 = time.monotonic()
+                try:
+                    r = await c.post(url + "/v1/chat/completions", json=BODY, headers=headers)
+                    if r.status_code != 200: failed[r.status_code] = failed.get(r.status_code, 0) + 1
+                except httpx.HTTPError as e: failed[type(e).__name__] = failed.get(type(e).__name__, 0) + 1
+                took.append(time.monotonic() - t0)
+            for _ in range(3): await asyncio.gather(*[one() for _ in range(128)]); await asyncio.sleep(1)
+        took.sort()
+        return f"{384 - sum(failed.values())} of 384 succeeded (failed: {failed or 'none'}), median {took[192]:.1f} s, slowest {took[-1]:.1f} s"
+    stop = threading.Event(); opened = [0]
+    a = threading.Thread(target=lambda: asyncio.run(reopened(stop, opened))); a.start(); time.sleep(5)
+    for name, headers in (("kept-alive", {}), ("fresh", {"connection": "close"})):
+        print(f"1,100 slow-header connections reopened at once, 128 calls at once over {name} connections: "
+              f"{asyncio.run(rounds(headers))}")
+    stop.set(); a.join()
+    print(f"({opened[0]} slow connections opened)")
     p.terminate(); p.wait()

@@ -3,6 +3,7 @@ connections), through the real gateway process with either HTTP parser, and sess
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import sys
@@ -253,6 +254,84 @@ def test_idle_kept_alive_connections_do_not_starve_calls(procs, fleet):
     finally:
         for s in idle:
             s.close()
+
+
+async def _slow_header_connections(port: int, count: int, stop: threading.Event, opened: list[int]) -> None:
+    """``count`` connections sending valid header bytes at one a second, each reopened as soon as
+    the gateway closes it (as an attacker with more connections than the gateway's descriptors does)."""
+
+    async def one() -> None:
+        while not stop.is_set():
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            opened[0] += 1
+
+            async def trickle() -> None:
+                for i in range(len(TRICKLE)):
+                    writer.write(TRICKLE[i:i + 1])
+                    await asyncio.sleep(1)
+
+            sending = asyncio.ensure_future(trickle())
+            try:
+                await reader.read(65536)  # returns when the gateway closes it
+            except OSError:
+                pass
+            sending.cancel()
+            writer.close()
+
+    tasks = [asyncio.ensure_future(one()) for _ in range(count)]
+    while not stop.is_set():
+        await asyncio.sleep(0.1)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_calls_survive_more_slow_header_connections_than_file_descriptors(procs, fleet):
+    """A gateway with 256 file descriptors under 400 slow-header connections, each reopened at once
+    when closed, answers every legitimate call, 32 at a time, over kept-alive connections and over
+    fresh ones. Before, the gateway accepted every queued connection at once: one burst took every
+    descriptor, and uvloop then accepted and closed the queued connections, legitimate ones too
+    (their clients saw a read error), or calls could not reach their worker (503)."""
+    port = free_port()
+    argv = ["prlimit", "--nofile=256:256", sys.executable, "-m", "agent_cache.cli", "serve", "--workers",
+            fleet.urls[0], "--port", str(port)]
+    proc = procs.start("gateway", argv)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(url + "/health", timeout=2).status_code == 200, [proc], "gateway", timeout=60)
+    stop, opened = threading.Event(), [0]
+    attacker = threading.Thread(target=lambda: asyncio.run(_slow_header_connections(port, 400, stop, opened)))
+    attacker.start()
+    failures: list[str] = []
+
+    async def calls(client: httpx.AsyncClient, headers: dict[str, str]) -> None:
+        async def one() -> None:
+            try:
+                answer = await client.post(url + "/v1/chat/completions", json=BODY, headers=headers)
+                if answer.status_code != 200:
+                    failures.append(f"{answer.status_code}")
+            except httpx.HTTPError as exc:
+                failures.append(repr(exc))
+
+        await asyncio.gather(*[one() for _ in range(32)])
+
+    async def legitimate() -> None:
+        async with httpx.AsyncClient(timeout=30) as kept, httpx.AsyncClient(timeout=30) as fresh:
+            for _ in range(3):
+                await asyncio.gather(calls(kept, {}), calls(fresh, {"connection": "close"}))
+                await asyncio.sleep(1)
+
+    try:
+        time.sleep(3)
+        asyncio.run(legitimate())
+    finally:
+        stop.set()
+        attacker.join(30)
+    assert opened[0] > 400  # the attacker's connections were closed and reopened
+    assert not failures, f"{len(failures)} of 192 calls failed: {sorted(set(failures))}"
 
 
 def test_session_ids_in_headers_are_utf8_and_echoes_bounded(procs, fleet):
