@@ -121,16 +121,17 @@ class SimWorkers:
             self._procs.append(procs.start(f"sim-worker-{i}", argv))
             self.urls.append(f"http://127.0.0.1:{port}")
         self.kv_sources = ",".join(sources)
-        self._http = httpx.Client(timeout=5.0)
+        slower = max(1.0, time_scale)  # a slowed worker's /health runs a modelled forward pass too
+        self._http = httpx.Client(timeout=5.0 * slower)
 
         def healthy() -> bool:
             return all(self._http.get(u + "/health").status_code == 200 for u in self.urls)
 
-        wait_until(healthy, self._procs, f"{n} simulated workers", timeout=60.0)
+        wait_until(healthy, self._procs, f"{n} simulated workers", timeout=60.0 * slower)
         for url in self.urls:  # the tokenizer loads on first use: not inside the first policy's first call
             # /generate exists in every 0.5.x release (/tokenize only from 0.5.4); flushed before each policy
             self._http.post(url + "/generate", json={"text": "warm up", "sampling_params": {"max_new_tokens": 1}},
-                            timeout=60.0).raise_for_status()
+                            timeout=60.0 * slower).raise_for_status()
 
     def check(self) -> None:
         for p in self._procs:
@@ -184,9 +185,10 @@ class SGLangWorkers:
                                                   f"(agent-cache sglang-cpu setup --version {version})")
         self.version = version
         self.fleet = RealWorkers(installed, procs=procs)
-        # a request can never be longer than the pool; SGLang wants the context length set for long prompts
-        self.fleet.start(n, max_total_tokens=capacity_tokens, page_size=page_size,
-                         context_length=context_length or max(capacity_tokens, 32768), kv_events=kv_events)
+        # a request can never be longer than the pool, nor than the model's context
+        context = context_length or min(max(capacity_tokens, 32768), self.fleet.max_context)
+        self.fleet.start(n, max_total_tokens=capacity_tokens, page_size=page_size, context_length=context,
+                         kv_events=kv_events)
         self.urls = self.fleet.urls
         self.kv_sources = ",".join(f"{w.url}={w.kv_endpoint}|{w.kv_replay_endpoint}" for w in self.fleet.workers
                                    if w.kv_endpoint)

@@ -59,6 +59,12 @@ class RealWorkers:
     def urls(self) -> list[str]:
         return [w.url for w in self.workers]
 
+    @property
+    def max_context(self) -> int:
+        """The model's longest context (its ``config.json``): SGLang refuses a ``--context-length`` past it."""
+        config = json.loads((self.installed.model_dir / "config.json").read_text())
+        return int(config["max_position_embeddings"])
+
     def start(self, n: int = 1, *, max_total_tokens: int = 8192, page_size: int = 1, context_length: int = 32768,
               kv_events: bool = False, extra_args: tuple[str, ...] = (), timeout: float = STARTUP_TIMEOUT_S,
               ) -> list[RealWorker]:
