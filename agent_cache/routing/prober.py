@@ -55,6 +55,11 @@ class Prober:
         limits = httpx.Limits(max_connections=self.PARALLEL, max_keepalive_connections=self.PARALLEL)
         self._http = httpx.Client(limits=limits, timeout=timeout)
         self._clients: dict[str, SGLangClient] = {}  # per worker: its metadata route, over the shared pool
+        # A probe's result is recorded (health, series, client, capacity) only while its worker is configured,
+        # under this lock, which :meth:`forget` takes too: a probe that ends after its worker was removed
+        # leaves nothing behind.
+        self._record_lock = threading.Lock()
+        self._urls: tuple[object, frozenset[str]] = (None, frozenset())  # the workers' list -> its URLs
 
     def start(self, interval: float) -> None:
         self._thread = threading.Thread(target=self._loop, args=(weakref.ref(self), interval, self._stop, self._wake),
@@ -72,17 +77,29 @@ class Prober:
             self._soon.add(url)
         self._wake.set()
 
-    def _client(self, url: str) -> SGLangClient:
+    def _client(self, url: str) -> SGLangClient | None:
         c = self._clients.get(url)
         if c is None:
-            c = self._clients[url] = SGLangClient(url, timeout=self.timeout, http=self._http)
+            with self._record_lock:
+                if not self._configured(url):
+                    return None
+                c = self._clients.setdefault(url, SGLangClient(url, timeout=self.timeout, http=self._http))
         return c
 
     def forget(self, url: str) -> None:
-        """A removed worker: its probe client and its capacity dropped (workers that come and go
-        leave nothing behind)."""
-        self._clients.pop(url, None)
-        self.capacity.pop(url, None)
+        """A removed worker (already out of the workers' list): its probe client and its capacity dropped,
+        once any probe result being recorded is; later ones are not (workers that come and go leave
+        nothing behind)."""
+        with self._record_lock:
+            self._clients.pop(url, None)
+            self.capacity.pop(url, None)
+
+    def _configured(self, url: str) -> bool:
+        workers = self._workers()  # a new list on each change: its URLs are computed once per change
+        known = self._urls
+        if known[0] is not workers:
+            known = self._urls = (workers, frozenset(w.url for w in workers))
+        return url in known[1]
 
     def probe_once(self) -> None:
         """Probe every worker now, in parallel."""
@@ -115,22 +132,31 @@ class Prober:
         if self._stop.is_set():
             return
         client = self._client(w.url)
+        if client is None:  # removed since the round began
+            return
         try:
             client.health(timeout=self.timeout)
         except BackendError as exc:
-            # a slow /health is SGLang under load, not a dead worker: soft
-            hard = not isinstance(exc, WorkerTimeoutError)
-            if self.health.failure(w.url, hard=hard, probe=True):
-                logger.warning("worker %s failed its health probe: %s", w.url, exc)
-            self.metrics.healthy.labels(w.url).set(0)
+            with self._record_lock:
+                if not self._configured(w.url):
+                    return
+                # a slow /health is SGLang under load, not a dead worker: soft
+                hard = not isinstance(exc, WorkerTimeoutError)
+                if self.health.failure(w.url, hard=hard, probe=True):
+                    logger.warning("worker %s failed its health probe: %s", w.url, exc)
+                self.metrics.healthy.labels(w.url).set(0)
             return
-        first = self.health.unproven(w.url)
-        if self.health.success(w.url, probe=True):
-            if first:
-                logger.info("worker %s answered its first probe: it takes sessions", w.url)
-            else:
-                logger.warning("worker %s healthy again", w.url)
-        self.metrics.healthy.labels(w.url).set(0 if self.health.state(w.url) == OPEN else 1)  # half-open takes a trial
+        with self._record_lock:
+            if not self._configured(w.url):
+                return
+            first = self.health.unproven(w.url)
+            if self.health.success(w.url, probe=True):
+                if first:
+                    logger.info("worker %s answered its first probe: it takes sessions", w.url)
+                else:
+                    logger.warning("worker %s healthy again", w.url)
+            # half-open takes a trial
+            self.metrics.healthy.labels(w.url).set(0 if self.health.state(w.url) == OPEN else 1)
         if w.url not in self.capacity:
             try:  # metadata is not health: a worker without the route is still up
                 cap = client.server_info().get("max_total_num_tokens")
@@ -138,7 +164,10 @@ class Prober:
                 logger.info("worker %s: no capacity from its server info (%s)", w.url, exc)
                 return
             if isinstance(cap, int) and cap > 0:
-                self.capacity[w.url] = cap
+                with self._record_lock:
+                    if not self._configured(w.url):
+                        return
+                    self.capacity[w.url] = cap
                 self._capacity_found()
 
     @staticmethod

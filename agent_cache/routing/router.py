@@ -184,9 +184,10 @@ class Router(AsyncFace):
         with self._lock:
             self._workers = [w for w in self._workers if w.url != url.rstrip("/")]
             self._config_changed()
+        # the prober first: it waits for a probe result being recorded (which a later one will not be)
+        self.prober.forget(url.rstrip("/"))
         self.health.forget(url)
         self.first_byte.forget(url.rstrip("/"))
-        self.prober.forget(url.rstrip("/"))
         self.metrics.forget_worker(url.rstrip("/"))
 
     def drain(self, url: str, *, run_hooks: bool = True) -> None:
@@ -486,8 +487,14 @@ class Router(AsyncFace):
             stats = self.store.stats(self._clock(), templates=False)  # workers only: cheap at any template count
         except (StoreError, ConfigError):
             return
-        for url, w in stats["workers"].items():
-            self.metrics.live_sessions.labels(url).set(w["sessions"])
+        # The store keeps a record of every worker it was ever asked about, removed ones included: only
+        # the configured ones are labelled, under the lock that removes a worker (whose series it drops
+        # after), so a removed worker's series cannot come back.
+        with self._lock:
+            configured = {w.url for w in self._workers}
+            for url, w in stats["workers"].items():
+                if url in configured:
+                    self.metrics.live_sessions.labels(url).set(w["sessions"])
 
     def close(self) -> None:
         """Stop the background threads, write pending releases, close the store and clients."""
