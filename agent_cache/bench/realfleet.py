@@ -220,30 +220,31 @@ class GivenWorkers:
     kv_sources = ""
 
     def __init__(self, urls: Sequence[str]) -> None:
+        from agent_cache.backends.sglang import SGLangClient
+        from agent_cache.errors import AgentCacheError
+
         self.urls = [u.rstrip("/") for u in urls]
         self._http = httpx.Client(timeout=30.0)
-        models = []
-        for url in self.urls:
-            try:
-                resp = self._http.get(url + "/v1/models")
-                resp.raise_for_status()
-                models.append(resp.json()["data"][0]["id"])
-            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-                self._http.close()
-                raise ConfigError("--worker-urls", f"{url} does not answer GET /v1/models with a model "
-                                                   f"({type(exc).__name__}: {exc})") from None
-        if len(set(models)) > 1:
+        models, versions = [], set()
+        try:
+            for url in self.urls:
+                client = SGLangClient(url, timeout=30.0, http=self._http)  # its routes, older releases' included
+                try:
+                    models.append(client.models()["data"][0]["id"])
+                except (AgentCacheError, KeyError, IndexError, TypeError) as exc:
+                    raise ConfigError("--worker-urls", f"{url} does not answer GET /v1/models with a model "
+                                                       f"({type(exc).__name__}: {exc})") from None
+                try:
+                    versions.add(str(client.server_info().get("version", "unknown")))
+                except AgentCacheError:
+                    versions.add("unknown")
+            if len(set(models)) > 1:
+                raise ConfigError("--worker-urls", f"the workers serve different models: {sorted(set(models))}")
+        except ConfigError:
             self._http.close()
-            raise ConfigError("--worker-urls", f"the workers serve different models: {sorted(set(models))}")
+            raise
         self.model = models[0]
-        self.versions = sorted({self._version(u) for u in self.urls})
-
-    def _version(self, url: str) -> str:
-        for path in ("/server_info", "/get_server_info"):
-            resp = self._http.get(url + path)
-            if resp.status_code == 200:
-                return str(resp.json().get("version", "unknown"))
-        return "unknown"
+        self.versions = sorted(versions)
 
     def describe(self) -> dict[str, Any]:
         return {"fleet": "given", "engine_version": ",".join(self.versions), "model": self.model}
