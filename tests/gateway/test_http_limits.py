@@ -167,17 +167,24 @@ def test_header_read_timeout_and_idle_keep_alive(procs, fleet, http):
         assert _answer(s, 10).startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 4
 
 
+def _gateway_with_few_files(procs, worker: str, *extra: str) -> tuple[int, str]:
+    """``agent-cache serve`` in front of ``worker`` with 256 file descriptors; its port and URL once healthy."""
+    port = free_port()
+    argv = ["prlimit", "--nofile=256:256", sys.executable, "-m", "agent_cache.cli", "serve", "--workers",
+            worker, "--port", str(port), *extra]
+    proc = procs.start("gateway", argv)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(url + "/health", timeout=2).status_code == 200, [proc], "gateway", timeout=60)
+    return port, url
+
+
 def test_slow_header_connections_do_not_starve_calls(procs, fleet):
     """The slowloris case at a small scale: a gateway with 256 file descriptors, 400 connections
     sending headers at a byte a second (reopened when closed, as an attacker does) and legitimate
     calls at the same time. Without the pending-connection cap the slow ones hold every descriptor
     (0 of 40 calls succeed)."""
-    port = free_port()
-    argv = ["prlimit", "--nofile=256:256", sys.executable, "-m", "agent_cache.cli", "serve", "--workers",
-            fleet.urls[0], "--port", str(port), "--max-pending-connections", "50", "--header-timeout", "60"]
-    proc = procs.start("gateway", argv)
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: httpx.get(url + "/health", timeout=2).status_code == 200, [proc], "gateway", timeout=60)
+    port, url = _gateway_with_few_files(procs, fleet.urls[0], "--max-pending-connections", "50",
+                                        "--header-timeout", "60")
     stop = threading.Event()
     opened = [0]
 
@@ -225,12 +232,7 @@ def test_idle_kept_alive_connections_do_not_starve_calls(procs, fleet):
     """300 connections that each made a call and stay idle (kept alive), on a gateway with 256 file
     descriptors: past half of them the oldest idle ones are closed, so new calls are served. Without
     that, the idle ones hold every descriptor for --keep-alive (75 s) and no call is served."""
-    port = free_port()
-    argv = ["prlimit", "--nofile=256:256", sys.executable, "-m", "agent_cache.cli", "serve", "--workers",
-            fleet.urls[0], "--port", str(port)]
-    proc = procs.start("gateway", argv)
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: httpx.get(url + "/health", timeout=2).status_code == 200, [proc], "gateway", timeout=60)
+    port, url = _gateway_with_few_files(procs, fleet.urls[0])
     idle: list[socket.socket] = []
     try:
         unanswered = 0
@@ -296,12 +298,7 @@ def test_calls_survive_more_slow_header_connections_than_file_descriptors(procs,
     fresh ones. Before, the gateway accepted every queued connection at once: one burst took every
     descriptor, and uvloop then accepted and closed the queued connections, legitimate ones too
     (their clients saw a read error), or calls could not reach their worker (503)."""
-    port = free_port()
-    argv = ["prlimit", "--nofile=256:256", sys.executable, "-m", "agent_cache.cli", "serve", "--workers",
-            fleet.urls[0], "--port", str(port)]
-    proc = procs.start("gateway", argv)
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: httpx.get(url + "/health", timeout=2).status_code == 200, [proc], "gateway", timeout=60)
+    port, url = _gateway_with_few_files(procs, fleet.urls[0])
     stop, opened = threading.Event(), [0]
     attacker = threading.Thread(target=lambda: asyncio.run(_slow_header_connections(port, 400, stop, opened)))
     attacker.start()
