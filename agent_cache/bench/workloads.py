@@ -154,7 +154,7 @@ class WorkloadParams:
     burst_size: float = 8.0  # mean sessions per burst (bursty)
     think_s: float = 0.3  # mean tool time between calls
     seed: int = 0
-    # coding: a long-context software-engineering agent (see docs/benchmarks.md, "Workloads")
+    # coding: a long-context software-engineering agent (docs/benchmarks.md, "How the simulator works")
     coding_system_tokens: int = 2400  # instructions in the one shared system prompt ...
     coding_tool_tokens: int = 900  # ... and its tool definitions (edit, run, search, open, submit)
     task_tokens: int = 300  # the issue text in the first user message
