@@ -6,7 +6,10 @@ import re
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_quick_demo_output() -> None:
     out = subprocess.run([sys.executable, "-m", "agent_cache.cli", "demo", "--quick", "--time-scale", "0.2"],
                          capture_output=True, text=True, timeout=300)
@@ -26,6 +29,7 @@ def test_quick_demo_output() -> None:
     assert "routing alone recomputed" in text
 
 
+@pytest.mark.slow
 def test_progress_counts_each_session_once_in_order() -> None:
     """Sessions ending together (instant workers, all six at once) are each told once: "3/6" follows "2/6"."""
     out = subprocess.run([sys.executable, "-m", "agent_cache.cli", "demo", "--quick", "--time-scale", "0",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +33,7 @@ def _deep(levels: int) -> Any:
 @settings(max_examples=400, deadline=None)
 @given(messages=st.lists(_json, max_size=3), params=_bodies,
        fields=st.sampled_from([CHAT_FIELDS, COMPLETION_FIELDS, GENERATE_FIELDS]))
+@pytest.mark.slow
 def test_random_json_passes_or_names_a_field(messages, params, fields):
     try:
         check_chat_request(messages, params, {"extra_key": None}, fields=fields)

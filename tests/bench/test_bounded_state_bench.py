@@ -7,6 +7,7 @@ import pytest
 from agent_cache.bench.bounded_state import main, run
 
 
+@pytest.mark.slow
 def test_keys_without_ttl_and_series_stay_flat_as_sessions_grow(redis_server) -> None:
     small, large = run(redis_server.url, [60, 150], session_ttl=5.0)  # past the 50 template labels
     assert (small.sessions, large.sessions) == (60, 150)

@@ -34,6 +34,7 @@ def test_the_fit_recovers_the_constants_that_made_the_times() -> None:
     assert fitted.overhead_s == pytest.approx(0.0017, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_tiny_runs_on_cpu_and_prints_the_table_and_constants(tmp_path: Path) -> None:
     out = tmp_path / "cal.json"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}

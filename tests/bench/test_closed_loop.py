@@ -65,6 +65,7 @@ def _steps(answers_fed_back: bool, urls: list[str]) -> list[tuple[int, int, int]
     return steps
 
 
+@pytest.mark.slow
 def test_each_step_is_cached_past_the_previous_prompt(fleet) -> None:
     workers = GivenWorkers(fleet.urls)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 import redis
 
 from agent_cache.bench.overhead import DIRECT, GATEWAY_PATH, SMG_PATHS, main
@@ -12,6 +13,7 @@ from agent_cache.bench.overhead import DIRECT, GATEWAY_PATH, SMG_PATHS, main
 SMG = shutil.which("smg")
 
 
+@pytest.mark.slow
 def test_every_path_serves_the_same_calls_and_the_run_leaves_no_keys(redis_server, tmp_path, capsys) -> None:
     out = tmp_path / "overhead.json"
     assert main(["--calls", "12", "--redis", redis_server.url, "--out", str(out), "--quiet", "--concurrency", "3"]) == 0
@@ -41,6 +43,7 @@ def test_too_few_calls_exit_2_naming_the_flag(capsys) -> None:
     assert "--calls" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_store_delay_lies_on_the_path_of_every_route(redis_server, tmp_path) -> None:
     out = tmp_path / "overhead.json"
     assert main(["--calls", "12", "--redis", redis_server.url, "--out", str(out), "--quiet",

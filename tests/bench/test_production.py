@@ -41,6 +41,7 @@ def test_queue_waits_and_decode_batches_are_counted_per_call_and_pass() -> None:
     assert 0 <= m["queue_wait_p50_s"] <= m["queue_wait_p99_s"] <= max(res.queue_waits)
 
 
+@pytest.mark.slow
 def test_production_preset_reports_the_pool_and_what_binds(tmp_path) -> None:
     argv = ["--preset", "production", "--sessions", "6", "--workers", "1", "--rate", "0.5",
             "--policies", "consistent-hash", "--no-plots", "--quiet", "--out", str(tmp_path)]

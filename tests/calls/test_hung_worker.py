@@ -74,6 +74,7 @@ def _hung_step_is_bounded(workers: SimWorkers, step: Step) -> None:
 
 
 @pytest.mark.parametrize(("transport", "stream"), [("httpx", False), ("httpx", True), ("fast", False)])
+@pytest.mark.slow
 def test_through_the_gateway(workers: SimWorkers, transport: str, stream: bool) -> None:
     with Processes() as procs:
         gw = AgentCacheGateways(procs, workers.urls, args=["--first-byte-floor", str(FLOOR),

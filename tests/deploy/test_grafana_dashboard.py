@@ -63,6 +63,7 @@ def test_a_broken_query_does_not_parse():
         promql_parser.parse("sum(rate(agent_cache_gateway_requests_total[5m])")
 
 
+@pytest.mark.slow
 def test_every_series_the_dashboard_reads_is_exposed_by_a_live_gateway(redis_url):
     wanted = set().union(*(_series(e) for e in _exprs()))
     assert {"agent_cache_gateway_requests_total", "agent_cache_cached_tokens_total"} <= wanted

@@ -328,6 +328,7 @@ def manifest_redis() -> Iterator[str]:
         proc.wait(10)
 
 
+@pytest.mark.slow
 def test_the_probe_paths_answer_200_on_a_gateway_started_with_the_manifest_flags(manifest_redis, tmp_path,
                                                                                   monkeypatch):
     deployment = _one("Deployment", "agent-cache-gateway")

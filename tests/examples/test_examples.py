@@ -144,6 +144,7 @@ def test_notebook_executes(name, executed):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_script(name, scripts):
     proc = scripts[name]
     stdout, stderr = proc.communicate(timeout=120)

@@ -36,6 +36,7 @@ def _call(client: httpx.Client, url: str, session: str, *, stream: bool = False,
                        headers={"x-session-id": session})
 
 
+@pytest.mark.slow
 def test_bad_requests_of_one_tenant_fail_no_call_of_another_and_move_no_pin(procs, redis_url, tmp_path):
     keys = tmp_path / "keys"
     keys.write_text("sk-a team-a\nsk-b team-b\n")
@@ -113,6 +114,7 @@ def _flaky_worker(state: dict[str, Any]):
                                      Route("/health", health)])
 
 
+@pytest.mark.slow
 def test_a_failing_worker_is_ejected_alone_and_half_open_takes_one_trial(procs, redis_url):
     state: dict[str, Any] = {"bad": True, "hits": []}
     flaky = ThreadedServer(_flaky_worker(state))
@@ -149,6 +151,7 @@ def test_a_failing_worker_is_ejected_alone_and_half_open_takes_one_trial(procs, 
         flaky.stop()
 
 
+@pytest.mark.slow
 def test_redis_stopped_for_seconds_moves_no_session(procs, redis_server_factory):
     server = redis_server_factory()
     with SimFleet(3) as fleet:

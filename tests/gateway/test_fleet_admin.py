@@ -76,6 +76,7 @@ def test_the_admin_endpoints_need_an_admin_key(procs, redis_url, keys_file):
         assert httpx.delete(gw + "/workers/" + quote("http://127.0.0.1:9", safe=""), headers=ADMIN).status_code == 404
 
 
+@pytest.mark.slow
 def test_without_keys_the_admin_endpoints_answer_only_loopback_callers_when_allowed(procs):
     with SimFleet(1) as fleet:
         closed = AgentCacheGateways(procs, fleet.urls).urls[0]
@@ -85,6 +86,7 @@ def test_without_keys_the_admin_endpoints_answer_only_loopback_callers_when_allo
         assert list(_listed(opened, {})) == fleet.urls
 
 
+@pytest.mark.slow
 def test_a_worker_added_on_one_replica_gets_new_sessions_from_the_other(procs, redis_url, keys_file):
     with SimFleet(3) as fleet:
         first, second = _replicas(procs, fleet.urls[:2], redis_url, keys_file).urls
@@ -107,6 +109,7 @@ def test_a_worker_added_on_one_replica_gets_new_sessions_from_the_other(procs, r
         assert workers.count(worker_id(new)) >= 2, workers  # the empty worker takes its share of new sessions
 
 
+@pytest.mark.slow
 def test_delete_drains_a_worker_without_failing_a_step_of_running_sessions(procs, redis_url, keys_file):
     with SimFleet(3) as fleet:
         replicas = _replicas(procs, fleet.urls, redis_url, keys_file, "--worker-drain-timeout", "20").urls
@@ -197,6 +200,7 @@ def pods() -> Iterator[int]:
 
 
 @LOOPBACK_ALIASES
+@pytest.mark.slow
 def test_dns_discovery_adds_new_addresses_and_drains_removed_ones(procs, tmp_path, pods):
     hosts, port = HOSTS, pods
     answer = tmp_path / "hosts"
@@ -224,6 +228,7 @@ def test_dns_discovery_adds_new_addresses_and_drains_removed_ones(procs, tmp_pat
     assert set(_listed(gw, {})) == {b}
 
 
+@pytest.mark.slow
 def test_a_drained_worker_stays_until_its_call_in_flight_ends(procs):
     with SimFleet(2, time_scale=60.0) as fleet:  # a call of 8 tokens takes about 3.5 s
         gw = AgentCacheGateways(procs, fleet.urls, args=["--admin-loopback", "--fleet-refresh", REFRESH]).urls[0]
@@ -247,6 +252,7 @@ def test_a_drained_worker_stays_until_its_call_in_flight_ends(procs):
         _eventually(lambda: busy[0] not in _listed(gw, {}), "removed once its call ended", timeout=5.0)
 
 
+@pytest.mark.slow
 def test_with_redis_away_each_replica_keeps_its_workers_and_calls_go_on(procs, redis_server_factory, keys_file):
     server = redis_server_factory()
     with SimFleet(3) as fleet:
@@ -265,6 +271,7 @@ def test_with_redis_away_each_replica_keeps_its_workers_and_calls_go_on(procs, r
 
 
 @LOOPBACK_ALIASES
+@pytest.mark.slow
 def test_replicas_discovering_the_same_name_agree_through_redis(procs, tmp_path, redis_url, pods):
     hosts, port = HOSTS, pods
     answer = tmp_path / "hosts"
@@ -282,6 +289,7 @@ def test_replicas_discovering_the_same_name_agree_through_redis(procs, tmp_path,
         assert r.status_code == 200 and r.headers["x-agent-cache-worker"] == b
 
 
+@pytest.mark.slow
 def test_a_board_entry_no_replica_can_apply_is_skipped_and_stops_nothing(procs, redis_url, keys_file):
     """Anyone with write access to Redis may write the board: an entry the router refuses (a scheme it does
     not take, a bad pool) is logged once and skipped; replicas start, serve and take admin changes."""

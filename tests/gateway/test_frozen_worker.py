@@ -56,6 +56,7 @@ def _agents(gateway: str, stop: threading.Event, log: list[tuple[float, float, i
     return [threading.Thread(target=agent, args=(a,), daemon=True) for a in range(AGENTS)]
 
 
+@pytest.mark.slow
 def test_no_call_waits_on_a_frozen_worker_past_the_first_byte_bound(procs: Processes, workers: SimWorkers) -> None:
     gateway = AgentCacheGateways(procs, workers.urls).urls[0]
     stop, log = threading.Event(), []

@@ -93,6 +93,7 @@ def _agent_run(client: openai.OpenAI, session: str, *, stream: bool) -> list[tup
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.slow
 def test_openai_client_runs_an_agent_on_one_worker_with_the_cache_growing(procs, fleet, stream):
     gw = _gateway(procs, fleet)
     client = openai.OpenAI(base_url=gw.urls[0] + "/v1", api_key="unused", max_retries=0)
@@ -105,6 +106,7 @@ def test_openai_client_runs_an_agent_on_one_worker_with_the_cache_growing(procs,
         assert all(c >= p for (_, p, _), (_, _, c) in zip(steps, steps[1:])), steps
 
 
+@pytest.mark.slow
 def test_chat_openai_create_agent_sticks_without_a_session_header(procs, fleet):
     from langchain.agents import create_agent
     from langchain_core.messages import AIMessage
@@ -213,6 +215,7 @@ def _check_tenants(procs, fleet, keys, prefix, secret_a, secret_b):
         assert secret not in gw.procs[0].tail(100_000)
 
 
+@pytest.mark.slow
 def test_two_replicas_behind_a_round_robin_keep_every_session_on_one_worker(procs, fleet):
     gw = _gateway(procs, fleet, count=2)
     clients = [openai.OpenAI(base_url=u + "/v1", api_key="unused", max_retries=0) for u in gw.urls]
@@ -265,6 +268,7 @@ def test_health_models_and_metrics(procs, fleet):
     assert "agent_cache_routing_decisions_total" in text
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_run_fails_no_agent_step(procs):
     # real time: a step decodes for about 0.2 s, long enough to see it running on a worker and kill it there
     with SimFleet(3, time_scale=1.0) as fleet:
@@ -333,6 +337,7 @@ def test_redis_killed_mid_run_fails_no_call(procs, fleet, redis_server_factory):
     assert ok == 30
 
 
+@pytest.mark.slow
 def test_saturated_gateway_answers_503_with_retry_after(procs):
     with SimFleet(1, time_scale=1.0) as fleet:
         gw = _gateway(procs, fleet, "--max-concurrency", "1", "--extra-fields", "sim_output")
@@ -456,6 +461,7 @@ def test_a_worker_answering_garbage_is_failed_over(procs, stream):
         broken.stop()
 
 
+@pytest.mark.slow
 def test_session_ids_are_checked_and_echoed_safely(procs, fleet):
     gw = _gateway(procs, fleet)
     url = gw.urls[0] + "/v1/chat/completions"
@@ -468,6 +474,7 @@ def test_session_ids_are_checked_and_echoed_safely(procs, fleet):
     assert httpx.get(gw.urls[0] + "/health").json()["inflight"] == 0  # nothing held by the refused ones
 
 
+@pytest.mark.slow
 def test_a_client_that_leaves_frees_its_slot_at_once(procs):
     with SimFleet(1, time_scale=1.0) as fleet:
         gw = _gateway(procs, fleet, "--max-concurrency", "2", "--extra-fields", "sim_output")
@@ -499,6 +506,7 @@ def test_tenant_owned_fields_cannot_be_passed_through_or_collide(procs, fleet, t
         assert r.status_code == 400 and r.json()["error"]["param"] in ("rid", "custom_logit_processor"), r.text
 
 
+@pytest.mark.slow
 def test_a_hung_worker_is_left_after_its_first_byte_deadline(procs):
     from agent_cache.bench.realfleet import SimWorkers
 

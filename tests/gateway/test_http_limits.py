@@ -75,6 +75,7 @@ def _answer(sock: socket.socket, timeout: float) -> bytes:
 
 
 @pytest.mark.parametrize("http", ["httptools", "h11"])
+@pytest.mark.slow
 def test_header_limits_answer_431_naming_the_header(procs, fleet, http):
     url = _gateway(procs, fleet, "--http", http) + "/v1/chat/completions"
     with httpx.Client(timeout=10) as client:
@@ -140,6 +141,7 @@ def test_huge_headers_are_refused_before_they_are_buffered(procs, fleet, http):
 
 
 @pytest.mark.parametrize("http", ["httptools", "h11"])
+@pytest.mark.slow
 def test_header_read_timeout_and_idle_keep_alive(procs, fleet, http):
     url = _gateway(procs, fleet, "--http", http, "--header-timeout", "1.5")
     port = _port(url)
@@ -178,6 +180,7 @@ def _gateway_with_few_files(procs, worker: str, *extra: str) -> tuple[int, str]:
     return port, url
 
 
+@pytest.mark.slow
 def test_slow_header_connections_do_not_starve_calls(procs, fleet):
     """The slowloris case at a small scale: a gateway with 256 file descriptors, 400 connections
     sending headers at a byte a second (reopened when closed, as an attacker does) and legitimate
@@ -228,6 +231,7 @@ def test_slow_header_connections_do_not_starve_calls(procs, fleet):
     assert ok >= 38, f"{ok} of 40 calls succeeded"
 
 
+@pytest.mark.slow
 def test_idle_kept_alive_connections_do_not_starve_calls(procs, fleet):
     """300 connections that each made a call and stay idle (kept alive), on a gateway with 256 file
     descriptors: past half of them the oldest idle ones are closed, so new calls are served. Without
@@ -354,6 +358,7 @@ def test_session_ids_in_headers_are_utf8_and_echoes_bounded(procs, fleet):
 
 
 @pytest.mark.parametrize("http", ["httptools", "h11"])
+@pytest.mark.slow
 def test_requests_sent_ahead_of_unread_answers_hold_no_memory(procs, fleet, http):
     """100 connections each send 256 KB of pipelined requests (10,922 of them) and read nothing:
     before the cap httptools queued every one (458 MB -> 2,754 MB)."""
@@ -384,6 +389,7 @@ def test_requests_sent_ahead_of_unread_answers_hold_no_memory(procs, fleet, http
     assert grown < 60, f"RSS grew {grown:.0f} MB"
 
 
+@pytest.mark.slow
 def test_an_answer_never_read_ends_its_connection(procs, fleet):
     """A stream whose reader reads nothing: the connection goes after --send-timeout, its call ends."""
     gw = _gateway(procs, fleet, "--send-timeout", "2", "--extra-fields", "sim_output")

@@ -32,6 +32,7 @@ def _spread(calls: dict[int, list[str]]) -> tuple[float, float]:
     return busiest, stuck
 
 
+@pytest.mark.slow
 def test_conversations_sharing_their_start_spread_and_stick(fleet, redis_url):
     with Processes() as procs:
         gw = AgentCacheGateways(procs, fleet.urls, redis_url=redis_url,

@@ -55,6 +55,7 @@ def _chat(client: httpx.Client, session: str, user: str) -> str:
 
 
 @pytest.mark.parametrize("kv_events", [True, False])
+@pytest.mark.slow
 def test_a_new_session_goes_where_the_events_say_the_template_is(workers, kv_events: bool) -> None:
     urls = [w.url for w, _ in workers]
     args = ["--kv-events", ",".join(src for _, src in workers)] if kv_events else []
@@ -106,6 +107,7 @@ def test_the_gateway_learns_a_sessions_last_message_and_finds_it_evicted(workers
     assert _metric(metrics, "agent_cache_kv_token_lookups_failed_total") == 0.0
 
 
+@pytest.mark.slow
 def test_a_session_learnt_by_one_gateway_replica_is_found_evicted_by_another(workers, redis_url) -> None:
     """Two replicas share one Redis: the session's steps learnt by the replica that served them are adopted
     by the other, so a step that replica routes knows the worker evicted the session's prefix."""

@@ -37,6 +37,7 @@ def _call(client: httpx.Client, url: str, key: str) -> httpx.Response:
     return client.post(url, json=BODY, headers={"authorization": f"Bearer {key}"})
 
 
+@pytest.mark.slow
 def test_rpm_60_refuses_the_61st_call_across_two_replicas_and_no_other_tenant(procs, fleet, redis_url, tmp_path):
     urls = _replicas(procs, fleet, redis_url, "sk-lim team-lim rpm=60\nsk-other team-other rpm=60\n", tmp_path)
     with httpx.Client(timeout=30) as client:
@@ -57,6 +58,7 @@ def test_rpm_60_refuses_the_61st_call_across_two_replicas_and_no_other_tenant(pr
         assert other[1].headers["x-ratelimit-remaining-requests"] == "58"
 
 
+@pytest.mark.slow
 def test_tpm_charges_reported_usage_and_refuses_while_in_debt(procs, fleet, redis_url, tmp_path):
     urls = _replicas(procs, fleet, redis_url, "sk-tok team-tok tpm=120\nsk-other team-other tpm=120\n", tmp_path)
     with httpx.Client(timeout=30) as client:
@@ -75,6 +77,7 @@ def test_tpm_charges_reported_usage_and_refuses_while_in_debt(procs, fleet, redi
         assert _call(client, urls[1], "sk-other").status_code == 200
 
 
+@pytest.mark.slow
 def test_with_redis_away_each_replica_enforces_its_share(procs, fleet, redis_server_factory, tmp_path):
     server = redis_server_factory()
     urls = _replicas(procs, fleet, server.url, "sk-lim team-lim rpm=20\nsk-other team-other rpm=20\n", tmp_path)
@@ -126,6 +129,7 @@ def test_durations_are_written_as_openai_writes_them():
     assert [duration(s) for s in (0.0204, 1.5, 60.0, 59.9996, 75.25)] == ["20ms", "1.5s", "1m0s", "1m0s", "1m15.25s"]
 
 
+@pytest.mark.slow
 def test_concurrency_bounds_one_tenants_calls_in_flight_and_no_other_tenants(procs, tmp_path):
     """concurrency=2: of tenant B's four simultaneous long calls two run and two get 429 at once;
     tenant A's calls pass meanwhile; B's slots are free again once its calls end."""
@@ -176,6 +180,7 @@ def _stream_cut(client: httpx.Client, url: str, key: str, events: int) -> tuple[
     return 200, read
 
 
+@pytest.mark.slow
 def test_streams_closed_before_their_end_cannot_pass_tpm(procs, fleet, redis_url, tmp_path):
     """Each call reserves its prompt's bytes / 4 + max_tokens when admitted; a stream the client closes
     before its usage event keeps its reservation, so cut streams stop at the limit plus one reservation."""
@@ -189,6 +194,7 @@ def test_streams_closed_before_their_end_cannot_pass_tpm(procs, fleet, redis_url
     print(f"\ncut streams: {len(admitted)} of 12 admitted, {sum(admitted)} tokens delivered (tpm 1000)")
 
 
+@pytest.mark.slow
 def test_concurrent_calls_cannot_pass_tpm_by_more_than_one_reservation(procs, fleet, redis_url, tmp_path):
     urls = _replicas(procs, fleet, redis_url, "sk-par team-par tpm=300\n", tmp_path)
     body = {**BODY, "max_tokens": 200}

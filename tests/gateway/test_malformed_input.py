@@ -56,6 +56,7 @@ def _sweep(client: httpx.Client, gateway: str, path: str, bodies: list[Any], hea
     return failed
 
 
+@pytest.mark.slow
 def test_no_malformed_request_gets_a_5xx_or_costs_a_worker(gateway):
     bodies: dict[str, list[Any]] = {
         "/v1/chat/completions": [{**CHAT, field: value, "stream": stream} for field in CHAT_FIELDS for value in BAD

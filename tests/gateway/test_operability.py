@@ -48,6 +48,7 @@ def _access_lines(proc: Proc) -> list[dict[str, Any]]:
     return lines
 
 
+@pytest.mark.slow
 def test_metrics_port_admin_guard_and_json_access_log(procs, worker, tmp_path):
     keys = tmp_path / "keys.txt"
     keys.write_text("user-key team-a\nadmin-key ops role=admin\n")
@@ -97,6 +98,7 @@ def test_metrics_port_admin_guard_and_json_access_log(procs, worker, tmp_path):
     assert all(line.startswith("{") for line in _log(proc).splitlines()), _log(proc)  # json: every line
 
 
+@pytest.mark.slow
 def test_every_response_carries_a_request_id_whatever_is_logged(procs, worker):
     """At the default --log-level (here smg's spelling of it), with no access line written."""
     proc = procs.start("serve", [sys.executable, "-m", "agent_cache.cli", "serve", "--port", "0", "--workers", worker,

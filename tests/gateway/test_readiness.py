@@ -73,6 +73,7 @@ def test_ready_while_any_pool_has_a_healthy_worker_and_health_stays_live():
         r = _until(url, lambda r: r.json() == {"status": "ready", "store": "ok"}, "pools a and b back")
 
 
+@pytest.mark.slow
 def test_ready_with_every_worker_down_and_without_pools(fleet):
     with Processes() as procs:
         url = _serve(procs, "--workers", ",".join(fleet.urls))
@@ -85,6 +86,7 @@ def test_ready_with_every_worker_down_and_without_pools(fleet):
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_ready_through_a_redis_outage_and_not_when_redis_refuses(redis_server_factory, procs):
     server = redis_server_factory(password="first-secret")
     with SimFleet(1) as fleet:

@@ -46,6 +46,7 @@ def _healthy(gateway: str, worker: str) -> float | None:
 
 
 @pytest.mark.parametrize("status", [401, 403, 404, 405])
+@pytest.mark.slow
 def test_a_refusing_worker_is_taken_out_and_no_call_fails(fleet, status: int) -> None:
     good, bad = fleet
     bad.intercept = refusal(status)
@@ -60,6 +61,7 @@ def test_a_refusing_worker_is_taken_out_and_no_call_fails(fleet, status: int) ->
             assert all(r.headers["x-agent-cache-worker"] != bad.url for r in answers)
 
 
+@pytest.mark.slow
 def test_the_refusing_worker_comes_back_once_it_serves(fleet) -> None:
     good, bad = fleet
     urls = [bad.url, *(w.url for w in good)]
@@ -80,6 +82,7 @@ def test_the_refusing_worker_comes_back_once_it_serves(fleet) -> None:
             assert served_by_it and _healthy(gw, bad.url) == 1.0
 
 
+@pytest.mark.slow
 def test_a_request_every_worker_refuses_is_answered_as_it_is_and_blames_none(fleet) -> None:
     good, bad = fleet
     bad.intercept = refusal(404)

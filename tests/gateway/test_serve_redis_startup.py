@@ -66,6 +66,7 @@ def secured(redis_server_factory):
     ("no password", "", "NOAUTH"),
     ("unknown user", "nobody:wrongpw@", "WRONGPASS"),
 ])
+@pytest.mark.slow
 def test_a_redis_that_refuses_the_gateway_stops_it_with_one_line(fleet, secured, case, auth, named) -> None:
     code, lines, err = _stopped(fleet.urls[0], f"redis://{auth}127.0.0.1:{secured.port}/0")
     assert code != 0, case

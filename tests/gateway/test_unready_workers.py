@@ -32,6 +32,7 @@ def _listed(gateway: str) -> dict[str, dict[str, Any]]:
     return {w["url"]: w for w in r.json()["workers"]}
 
 
+@pytest.mark.slow
 def test_refused_workers_added_beside_healthy_ones_fail_no_new_session(procs: Processes, healthy: SimFleet) -> None:
     gw = AgentCacheGateways(procs, healthy.urls, args=["--admin-loopback"]).urls[0]
     loading = [f"http://127.0.0.1:{free_port()}" for _ in range(30)]  # nothing listens: a model still loading
@@ -46,6 +47,7 @@ def test_refused_workers_added_beside_healthy_ones_fail_no_new_session(procs: Pr
     assert failovers == []  # no call was even tried on a loading worker
 
 
+@pytest.mark.slow
 def test_a_new_worker_takes_sessions_once_it_answers(procs: Processes, healthy: SimFleet) -> None:
     gw = AgentCacheGateways(procs, healthy.urls[:1], args=["--admin-loopback"]).urls[0]
     port = free_port()

@@ -10,6 +10,8 @@ import textwrap
 import time
 import uuid
 
+import pytest
+
 from agent_cache import exit_flush
 from agent_cache.langchain import ChatSGLang
 from agent_cache.routing.router import Router
@@ -39,6 +41,7 @@ def _run(fleet, redis_url: str, prefix: str, *extra: str) -> subprocess.Popen[st
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_a_script_ending_without_close_writes_its_last_report(lc_fleet, redis_url):
     prefix = f"t-{uuid.uuid4().hex[:10]}"
     proc = _run(lc_fleet, redis_url, prefix)
@@ -58,6 +61,7 @@ def test_a_script_ending_without_close_writes_its_last_report(lc_fleet, redis_ur
     assert stats["templates_in_window"] == 1 and stats["sessions"] == 1, stats
 
 
+@pytest.mark.slow
 def test_exit_is_bounded_when_the_store_does_not_answer(lc_fleet, redis_server_factory):
     server = redis_server_factory()
     proc = _run(lc_fleet, server.url, "frozen", "wait")

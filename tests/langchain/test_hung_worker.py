@@ -11,6 +11,7 @@ import asyncio
 import signal
 import time
 
+import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from agent_cache import ChatSGLang
@@ -24,6 +25,7 @@ def _frozen(workers: SimWorkers, url: str):
     return workers._procs[workers.urls.index(url)].popen  # noqa: SLF001 - the test owns these processes
 
 
+@pytest.mark.slow
 def test_steps_survive_a_hung_worker_within_the_stall_deadline_plus_a_retry() -> None:
     with Processes() as procs:
         workers = SimWorkers(procs, 2, time_scale=0.0, capacity_tokens=100_000)
@@ -57,6 +59,7 @@ def test_steps_survive_a_hung_worker_within_the_stall_deadline_plus_a_retry() ->
             workers.close()
 
 
+@pytest.mark.slow
 def test_a_hung_worker_is_left_after_its_adaptive_first_byte_deadline() -> None:
     """With the default 30 s stall_timeout, a worker with a record of fast first tokens is given up
     on after the first-byte floor (1 s here), not after 30 s."""

@@ -23,6 +23,7 @@ def fleet4() -> Iterator[SimFleet]:
         yield f
 
 
+@pytest.mark.slow
 def test_conversations_sharing_their_start_spread_and_stick(fleet4):
     model = ChatSGLang(model="sim", workers=fleet4.urls, max_tokens=8)
     convs: dict[int, list[BaseMessage]] = {i: [SystemMessage(SYSTEM), HumanMessage("Hello")]

@@ -78,6 +78,7 @@ def test_cli_version():
     assert out.returncode == 0 and out.stdout.strip() == f"agent-cache {__version__}"
 
 
+@pytest.mark.slow
 def test_type_checkers_see_every_option(tmp_path):
     """The constructor's runtime checks are hidden from type checkers, which see pydantic's typed fields."""
     pytest.importorskip("mypy", reason="mypy is not installed (it comes with the test extra)")

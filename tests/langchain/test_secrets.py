@@ -58,6 +58,7 @@ def test_the_password_shows_nowhere(lc_fleet, locked_redis, caplog) -> None:
     model.close()
 
 
+@pytest.mark.slow
 def test_errors_and_the_stats_command_hide_it(locked_redis) -> None:
     bad_port = locked_redis.replace("127.0.0.1:", "127.0.0.1:99999").rsplit("/", 1)[0] + "/0"
     with pytest.raises(ConfigError) as info:

@@ -46,6 +46,7 @@ class _Counts:
             self.clients, self.probed = 0, []
 
 
+@pytest.mark.slow
 def test_adding_a_worker_to_a_large_fleet_probes_and_builds_for_that_worker_only(monkeypatch) -> None:
     worker = SimWorkerThread(WorkerOptions(time_scale=0.0))
     worker.start()

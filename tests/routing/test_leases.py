@@ -53,6 +53,7 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_counts_of_clients_killed_mid_call_are_reclaimed_after_the_lease(slow_worker, redis_server, prefix) -> None:
     procs = [subprocess.Popen([sys.executable, "-c", _CLIENT, slow_worker, redis_server.url, prefix, str(LEASE),
                                f"killed-{i}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(8)]

@@ -19,6 +19,7 @@ def _series(router: Router) -> int:
     return sum(1 for metric in router.metrics.registry.collect() for s in metric.samples if "worker" in s.labels)
 
 
+@pytest.mark.slow
 def test_adding_and_removing_workers_leaves_no_client_series_or_entry() -> None:
     worker = SimWorkerThread(WorkerOptions(time_scale=0.0))
     worker.start()

@@ -18,6 +18,7 @@ SMG = shutil.which("smg")
 
 
 @pytest.mark.skipif(SMG is None, reason="the smg binary is not installed (pip install smg)")
+@pytest.mark.slow
 def test_smg_registers_and_routes_to_two_simulated_workers(free_port_factory, tmp_path) -> None:
     with SimFleet(2) as fleet:
         port, metrics_port = free_port_factory(), free_port_factory()

@@ -213,6 +213,7 @@ def test_http_concurrent_cold_prompts_queue_behind_each_other() -> None:
     assert max(latencies) - min(latencies) > 0.6 * (n - 1) * alone  # spaced by one prefill each
 
 
+@pytest.mark.slow
 def test_http_token_usage_counts_running_requests_only() -> None:
     with SimFleet(1, time_scale=1.0) as fleet:
         url = fleet.urls[0]

@@ -328,6 +328,7 @@ def _racer(url: str, prefix: str, start, out) -> None:
     out.put(placed)
 
 
+@pytest.mark.slow
 def test_32_processes_agree_on_every_new_session(redis_server, prefix):
     ctx = mp.get_context("fork")
     start = ctx.Event()

@@ -106,6 +106,7 @@ def test_gateway_call_and_attempt_spans_reach_an_otlp_receiver_and_the_worker_ge
     assert sorted(sent) == sorted([TRACE_ID, s.span_id] for s in attempts)
 
 
+@pytest.mark.slow
 def test_chat_sglang_emits_the_same_spans(receiver, monkeypatch):
     server, worker = _worker()
     try:
@@ -137,6 +138,7 @@ def test_chat_sglang_emits_the_same_spans(receiver, monkeypatch):
         [s.trace_id, s.span_id] for s in attempts)
 
 
+@pytest.mark.slow
 def test_without_otel_variables_tracing_is_off_and_the_gateway_imports_no_opentelemetry(worker):
     script = textwrap.dedent(f"""
         import os, sys

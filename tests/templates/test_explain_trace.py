@@ -73,6 +73,7 @@ def test_cli_errors(tmp_path, capsys):
 
 
 @pytest.mark.skipif(TRACE is None, reason="shipped trace not found")
+@pytest.mark.slow
 def test_explain_shared_trace(capsys):
     report = explain_trace(str(TRACE))
     assert len(report.calls) == 2961
