@@ -3,7 +3,8 @@
 :func:`astream` and :func:`stream` are the async and sync runners of the same
 steps: ask the transport for the worker's stream (the first attempt within
 the worker's adaptive first-byte deadline, a retry within the stall timeout),
-note the worker's time to first byte, feed the lines to the
+note the worker's time to first byte (on the attempt too, for the call's
+latency series), feed the lines to the
 :class:`~agent_cache.calls.reader.EventReader`, raise an error event that
 comes before any output reached the caller, and leave the worker's usage on
 the :class:`~agent_cache.routing.lifecycle.Attempt` once ``[DONE]`` came.
@@ -45,7 +46,8 @@ class _Steps:
 
     def line(self, line: bytes) -> Event | None:
         if self.first:
-            self.deadlines.observe(self.worker, time.monotonic() - self.started, self.size)
+            now = self.attempt.first_byte = time.monotonic()  # the call's time to first token ends here
+            self.deadlines.observe(self.worker, now - self.started, self.size)
             self.done()
         return self.checked(self.reader.feed(line))
 

@@ -15,6 +15,7 @@ SGLang releases.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Collection, Mapping
 
@@ -59,6 +60,7 @@ class Call:
     include_usage: bool  # the caller asked for the usage event of a stream
     prompt: NormalizedPrompt | None  # chat only: recorded in the template registry once served
     model: str | None = None  # as the caller named it (traces and logs)
+    started: float = 0.0  # time.monotonic() as the door had the request: the call's latencies start here
 
     @property
     def worker_streams(self) -> bool:
@@ -87,14 +89,17 @@ def _check_input(path: str, params: Mapping[str, Any]) -> None:
 def prepare(path: str, params: dict[str, Any], *, session: str, tenant: str, pool: str | None,
             extra_key: str | None, templater: Templater | None, fields: Collection[str] | None = None,
             owner: str = "give ChatSGLang(tenant=...) instead", variables: Mapping[str, str] | None = None,
-            include_usage: bool = False, checked_json: bool = False, from_json: bool = False) -> Call:
+            include_usage: bool = False, checked_json: bool = False, from_json: bool = False,
+            started: float | None = None) -> Call:
     """Check one request (``params``: its body, ``messages`` and ``extra_body`` included) and build its
     :class:`Call`. ``fields``: the fields accepted (by default those SGLang accepts on ``path``);
     ``owner``: how the caller picks a tenant, for the error naming a tenant-owned field;
     ``variables``: the call's template variables; ``checked_json``: every text is valid Unicode and
     every number finite (a strict parser read it), so that walk is skipped; ``from_json``: the
-    messages and tools were just read from JSON text (only JSON's own types).
+    messages and tools were just read from JSON text (only JSON's own types); ``started``: when the
+    door had the request (``time.monotonic()``; by default now).
     A :class:`~agent_cache.errors.TemplateError` from the templater is raised as it is."""
+    started = time.monotonic() if started is None else started
     fields = FIELDS[path] if fields is None else fields
     params = dict(params)
     stream = bool(params.get("stream"))
@@ -135,4 +140,5 @@ def prepare(path: str, params: dict[str, Any], *, session: str, tenant: str, poo
     route = RouteRequest(session_id=session, template_id=template_id, tenant=tenant, pool=pool,
                          prompt_tokens_estimate=tokens)
     model = params.get("model")
-    return Call(path, dumps(params), route, stream, include_usage, prompt, model if isinstance(model, str) else None)
+    return Call(path, dumps(params), route, stream, include_usage, prompt, model if isinstance(model, str) else None,
+                started)

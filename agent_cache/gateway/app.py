@@ -270,7 +270,8 @@ class Gateway:
         except asyncio.TimeoutError:
             raise RequestRejectedError(408, f"the request body did not arrive within {BODY_TIMEOUT:g} s",
                                        code="request_timeout") from None
-        work = functools.partial(self._prepared, request, path, grant, raw)
+        # the call's clock starts with its request in hand (a slow client's upload is not the gateway's time)
+        work = functools.partial(self._prepared, request, path, grant, raw, time.monotonic())
         # a large body's parsing, checks and templating take seconds of CPU (20 MB: up to 15 s): off
         # the event loop, so every other call, deadline and health probe goes on meanwhile
         call, reserve = work() if len(raw) <= INLINE_BODY_BYTES else await asyncio.to_thread(work)
@@ -278,9 +279,10 @@ class Gateway:
         verdict = await self.limits.admit(grant, reserve)  # last: a request refused for another reason is not counted
         return call, grant, verdict.reservation if verdict is not None else None
 
-    def _prepared(self, request: Request, path: str, grant: ApiKey, raw: bytes) -> tuple[Call, int]:
+    def _prepared(self, request: Request, path: str, grant: ApiKey, raw: bytes,
+                  started: float) -> tuple[Call, int]:
         """A read body made a :class:`Call`, with the tokens it may use: CPU alone, on the event loop or a
-        thread."""
+        thread; ``started``: when the body was read."""
         body, checked = parse_json_body(raw)
         infer: Callable[[], str] | None = None
         if path == CHAT and self.config.infer_sessions and isinstance(body.get("messages"), list):
@@ -293,7 +295,7 @@ class Gateway:
                        templater=self.templater(grant.tenant) if path == CHAT else None,
                        pool=authz.choose_pool(grant, request.headers.get(POOL_HEADER)),
                        extra_fields=self.config.extra_fields, shared=self.config.api_keys is not None,
-                       checked_json=checked)
+                       checked_json=checked, started=started)
         return call, reservation_tokens(body, len(raw))
 
     # --- the gateway's own endpoints --------------------------------------------------

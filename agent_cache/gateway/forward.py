@@ -66,7 +66,8 @@ class Forward:
         entry = access_log.current()  # the call's access log line, when that log is on
         return CallLifecycle(self.router, call.route, max_attempts=self.max_attempts, backoff=RETRY_BACKOFF,
                              last_resort=True, trace=tracing.call_attributes(call.model, _OPERATION[call.path]),
-                             observer=entry.call(call.route.tenant, call.route.session_id) if entry else None)
+                             observer=entry.call(call.route.tenant, call.route.session_id) if entry else None,
+                             started=call.started)
 
     def headers(self, placement: Placement, call: Call, grant: ApiKey) -> dict[str, str]:
         # a session id may hold any Unicode: percent-encoded, as an HTTP header carries Latin-1 only

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Callable, Iterator, Literal, Sequence
@@ -348,6 +349,7 @@ class ChatSGLang(BaseChatModel):
         kwargs: dict[str, Any],
         whole: bool = False,
     ) -> _Call:
+        started = time.monotonic()  # the call's latencies start here
         kwargs = dict(kwargs)
         raw_messages = to_openai_messages(messages)
         # the conversation's fingerprint is computed only for a call that names no session
@@ -371,14 +373,15 @@ class ChatSGLang(BaseChatModel):
         # bad input fails here, naming its field, before anything is routed or written
         call = prepare(CHAT, body, session=session_id, tenant=self.tenant, pool=self.pool,
                        extra_key=self._router.extra_key_for(self.tenant), templater=self._templater,
-                       variables=call_variables, include_usage=True)
+                       variables=call_variables, include_usage=True, started=started)
         return _Call(call, model, include_usage, raw_messages, params.get("tools"))
 
     def _lifecycle(self, call: _Call) -> CallLifecycle:
         # after a failure the next try may use a worker whose breaker is open: the
         # evidence may be stale (a restart), and the backoff paces the trial
         return CallLifecycle(self._router, call.call.route, max_attempts=self.max_retries + 1, backoff=RETRY_BACKOFF,
-                             last_resort=True, trace=tracing.call_attributes(call.model, "chat"))
+                             last_resort=True, trace=tracing.call_attributes(call.model, "chat"),
+                             started=call.call.started)
 
     # --- non-streaming ------------------------------------------------------------
 

@@ -26,7 +26,9 @@ from typing import (Any, AsyncGenerator, Awaitable, Callable, Generator, Iterato
 
 from agent_cache.backends.protocol import Usage
 from agent_cache.errors import BackendError, NoHealthyWorkerError
+from agent_cache.routing.call_latency import CallLatency
 from agent_cache.routing.config import WorkerConfig
+from agent_cache.routing.metrics import RouterMetrics
 from agent_cache.routing.types import Placement, RouteRequest
 from agent_cache.telemetry import tracing
 
@@ -96,6 +98,11 @@ class Attempt:
     usage: Usage | None = None
     error: BaseException | None = None
     delivered: bool = False  # output already reached the caller: a retry would duplicate it
+    # time.monotonic() readings: the runner's as the request goes and as the sender ends, the sender's
+    # as the worker's first bytes came (None: the answer came whole, or nothing came)
+    sent: float = 0.0
+    first_byte: float | None = None
+    ended: float = 0.0
 
 
 def retryable(error: BaseException) -> bool:
@@ -210,6 +217,9 @@ class Routes(Protocol):
     @property
     def workers(self) -> Sequence[WorkerConfig]: ...
 
+    @property
+    def metrics(self) -> RouterMetrics: ...
+
     def route(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = ...) -> Placement: ...
 
     async def aroute(self, request: RouteRequest, *, exclude: set[str] | frozenset[str] = ...) -> Placement: ...
@@ -237,11 +247,14 @@ class CallLifecycle:
     and fills in ``value`` and ``usage``; a streaming sender yields what the
     caller receives and sets ``delivered`` once output reached the caller.
     After a run, ``result`` holds ``(value, placement)``.
+
+    ``started``: when the call arrived (``time.monotonic()``); with it, the
+    call's latencies go to the router's metrics (:mod:`.call_latency`).
     """
 
     def __init__(self, router: Routes, request: RouteRequest, *, max_attempts: int, backoff: float = 0.0,
                  last_resort: bool = False, trace: Mapping[str, Any] | None = None,
-                 observer: tracing.CallTrace | None = None) -> None:
+                 observer: tracing.CallTrace | None = None, started: float | None = None) -> None:
         self.router = router
         self.request = request
         self.flow = call_flow([w.url for w in router.workers], max_attempts=max_attempts, backoff=backoff,
@@ -251,6 +264,8 @@ class CallLifecycle:
         if observers:
             self.flow = observed(self.flow, observers)
         self.result: tuple[Any, Placement] | None = None
+        self.latency = CallLatency(router.metrics, started) if started is not None else None
+        self._last: Attempt | None = None  # the latest attempt sent
 
     # Choose answers the flow with (placement, None), or (None, the NoHealthyWorkerError to throw into it)
 
@@ -278,6 +293,22 @@ class CallLifecycle:
         except NoHealthyWorkerError as last:
             return None, last
 
+    def _attempt(self, placement: Placement) -> Attempt:
+        attempt = self._last = Attempt(placement, sent=time.monotonic())
+        if self.latency is not None:
+            self.latency.sent(placement.worker, attempt.sent)
+        return attempt
+
+    def _ended(self, error: BaseException | None) -> None:
+        """The call ended (``error``: how it failed): its latencies observed."""
+        if self.latency is not None:
+            last = self._last
+            if last is None:
+                self.latency.ended(None, error)
+            else:
+                self.latency.ended(last.placement, error, first_byte=last.first_byte, answered=last.ended,
+                                   usage=last.usage)
+
     def _next(self, reply: Any, error: BaseException | None) -> Step | None:
         try:
             return self.flow.throw(error) if error is not None else self.flow.send(reply)
@@ -289,47 +320,59 @@ class CallLifecycle:
         """Drive the flow, yielding what the sender yields."""
         reply: Any = None
         error: BaseException | None = None
-        while (step := self._next(reply, error)) is not None:
-            reply, error = None, None
-            if isinstance(step, Choose):
-                reply, error = self._choose(step)
-            elif isinstance(step, Send):
-                reply = attempt = Attempt(step.placement)
-                try:
-                    yield from sender(attempt)
-                except BaseException as exc:  # settled first; the flow re-raises what it does not retry
-                    attempt.error = exc
-            elif isinstance(step, Settle):
-                self.router.settle(step.placement, step.error, step.usage, judged=step.judged)
-            elif isinstance(step, Judge):
-                self.router.judge(step.placement, step.error, blame=step.blame)
-            else:
-                time.sleep(step.seconds)
+        try:
+            while (step := self._next(reply, error)) is not None:
+                reply, error = None, None
+                if isinstance(step, Choose):
+                    reply, error = self._choose(step)
+                elif isinstance(step, Send):
+                    reply = attempt = self._attempt(step.placement)
+                    try:
+                        yield from sender(attempt)
+                    except BaseException as exc:  # settled first; the flow re-raises what it does not retry
+                        attempt.error = exc
+                    attempt.ended = time.monotonic()
+                elif isinstance(step, Settle):
+                    self.router.settle(step.placement, step.error, step.usage, judged=step.judged)
+                elif isinstance(step, Judge):
+                    self.router.judge(step.placement, step.error, blame=step.blame)
+                else:
+                    time.sleep(step.seconds)
+        except BaseException as exc:  # the call failed, or its caller left (GeneratorExit)
+            self._ended(exc)
+            raise
+        self._ended(None)
 
     async def astream(self, sender: Callable[[Attempt], AsyncGenerator[Y, None]]) -> AsyncGenerator[Y, None]:
         """Async :meth:`stream`."""
         reply: Any = None
         error: BaseException | None = None
-        while (step := self._next(reply, error)) is not None:
-            reply, error = None, None
-            if isinstance(step, Choose):
-                reply, error = await self._achoose(step)
-            elif isinstance(step, Send):
-                reply = attempt = Attempt(step.placement)
-                items = sender(attempt)
-                try:
-                    async for item in items:
-                        yield item
-                except BaseException as exc:
-                    attempt.error = exc
-                finally:
-                    await items.aclose()  # as ``yield from`` closes a sync sender
-            elif isinstance(step, Settle):
-                await self.router.asettle(step.placement, step.error, step.usage, judged=step.judged)
-            elif isinstance(step, Judge):
-                self.router.judge(step.placement, step.error, blame=step.blame)
-            else:
-                await asyncio.sleep(step.seconds)
+        try:
+            while (step := self._next(reply, error)) is not None:
+                reply, error = None, None
+                if isinstance(step, Choose):
+                    reply, error = await self._achoose(step)
+                elif isinstance(step, Send):
+                    reply = attempt = self._attempt(step.placement)
+                    items = sender(attempt)
+                    try:
+                        async for item in items:
+                            yield item
+                    except BaseException as exc:
+                        attempt.error = exc
+                    finally:
+                        await items.aclose()  # as ``yield from`` closes a sync sender
+                    attempt.ended = time.monotonic()
+                elif isinstance(step, Settle):
+                    await self.router.asettle(step.placement, step.error, step.usage, judged=step.judged)
+                elif isinstance(step, Judge):
+                    self.router.judge(step.placement, step.error, blame=step.blame)
+                else:
+                    await asyncio.sleep(step.seconds)
+        except BaseException as exc:  # the call failed, or its caller left (GeneratorExit, cancelled)
+            self._ended(exc)
+            raise
+        self._ended(None)
 
     def run(self, call: Callable[[Placement], tuple[T, Usage | None]]) -> tuple[T, Placement]:
         """A call without streamed output: ``call(placement)`` returns ``(value, usage)``."""

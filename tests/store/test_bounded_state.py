@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import redis
 
+from agent_cache.backends.protocol import Usage
 from agent_cache.placement.rule import Policy
-from agent_cache.routing.metrics import MAX_TEMPLATE_LABELS, OTHER_TEMPLATE
+from agent_cache.routing.call_latency import CallLatency
+from agent_cache.routing.metrics import MAX_TEMPLATE_LABELS, MAX_TENANT_LABELS, OTHER_TEMPLATE, OTHER_TENANT
+from agent_cache.routing.router import Placement
 from agent_cache.routing.router import RouteRequest, Router
 from agent_cache.store import MemoryStore, RedisStore, RouteQuery, WorkerSpec, keys
 from agent_cache.store.base import STATS_TEMPLATES, template_retention
@@ -125,4 +130,22 @@ def test_template_labels_are_bounded():
                                                          {"template": OTHER_TEMPLATE, "worker": w}) or 0
                 for w in (A, B))
     assert other == 30 * 100
+    router.close()
+
+
+def test_tenant_labels_are_bounded_by_the_same_mechanism():
+    router = Router([A, B], probe_interval=None)
+    tokens = "agent_cache_tenant_tokens_total"
+    for i in range(MAX_TENANT_LABELS + 20):  # a served call of each tenant
+        call = CallLatency(router.metrics, time.monotonic())
+        call.sent(A, time.monotonic())
+        call.ended(Placement(A, "pinned", 1, f"s{i}", tenant=f"tenant-{i}"), None, answered=time.monotonic(),
+                   usage=Usage(prompt_tokens=10, completion_tokens=2, cached_tokens=4))
+    labels = {s.labels["tenant"] for m in router.metrics.registry.collect() if m.name == "agent_cache_tenant_tokens"
+              for s in m.samples}
+    assert len(labels) == MAX_TENANT_LABELS + 1 and OTHER_TENANT in labels
+    assert "tenant-0" in labels and f"tenant-{MAX_TENANT_LABELS}" not in labels
+    get = router.metrics.registry.get_sample_value
+    assert get(tokens, {"tenant": OTHER_TENANT, "gen_ai_token_type": "input"}) == 20 * 10
+    assert get(tokens, {"tenant": OTHER_TENANT, "gen_ai_token_type": "cached"}) == 20 * 4
     router.close()
