@@ -335,8 +335,7 @@ def _serve(args: argparse.Namespace) -> int:
             extra_fields=frozenset(f.strip() for f in (args.extra_fields or "").split(",") if f.strip()),
             worker_api_key=environment.value(environment.API_KEY), first_byte_floor=args.first_byte_floor,
             fleet=admin.fleet_config(args),
-            transport=args.transport, kv_events=args.kv_events, prewarm=args.prewarm,
-            prewarm_threshold=args.prewarm_threshold,
+            transport=args.transport, kv_events=args.kv_events,
         )
         limits = http_limits.from_args(args)
         serving.check_port(args.port, "--port")
@@ -432,12 +431,6 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "endpoint its publisher binds, e.g. http://w0:30000=tcp://w0:5557|tcp://w0:5558 "
                         "(optional replay endpoint); placement then knows which workers hold each template "
                         "(docs/routing.md, \"KV events\"). Needs the kv extra: pip install 'agent-cache[kv]'")
-    p.add_argument("--prewarm", action="store_true",
-                   help="with --kv-events: prefill a hot template (6+ new sessions a minute) on a worker with room "
-                        "before its next sessions need it, one-token requests off the call path, at most 4 per "
-                        "worker a minute (docs/routing.md, \"Prewarming\")")
-    p.add_argument("--prewarm-threshold", type=_positive(float), default=6.0, metavar="N",
-                   help="new sessions a minute that make a template hot (default %(default)s)")
     p.add_argument("--extra-fields", metavar="NAME,...",
                    help="request fields to pass through unchecked (fields of a newer SGLang)")
     p.add_argument("--drain-timeout", type=_positive(float), default=30.0,

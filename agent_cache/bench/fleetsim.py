@@ -19,8 +19,7 @@ plus the session's tool time. Per call:
 
 A policy with ``kv_events`` (``agent-cache-kv``) gets each worker's KV
 events when SGLang would publish them (after each prefill pass, every
-40th decode pass, and when the worker falls idle), and its prewarms run as one-token requests on the
-worker it names; they are not calls, and nothing of them is measured.
+40th decode pass, and when the worker falls idle).
 
 Cache modes of a policy: ``radix`` (each worker's own cache), ``none``
 (radix cache disabled) and ``oracle`` (one infinite cache the whole fleet
@@ -55,7 +54,6 @@ _ARRIVE, _PASS_DONE = 0, 1
 # (time, seq, kind, payload): the payload is a _Sess (_ARRIVE) or (worker index, Iteration) (_PASS_DONE)
 _Event = tuple[float, int, int, Any]
 _ORACLE_TOKENS = 1 << 50
-_PREWARM = object()  # the tag of a prewarm request: not a session's call, not measured
 
 
 @dataclass(frozen=True)
@@ -101,7 +99,7 @@ class RunResult:
     imbalance_samples: int = 0
     moves: dict[str, int] = field(default_factory=dict)  # pin moves by reason
     placements: dict[str, int] = field(default_factory=dict)  # agent-cache's new sessions by outcome
-    prewarms: dict[str, int] = field(default_factory=dict)  # agent-cache-kv: prewarms sent, hits, refused
+    kv_events: dict[str, int] = field(default_factory=dict)  # agent-cache-kv: event gaps, prefixes found gone
     evicted_tokens: int = 0
     recomputed_tokens: int = 0  # prompt tokens of a session's own earlier calls prefilled again
     working_set_tokens: int = 0  # peak over time of the live sessions' context tokens, summed
@@ -194,12 +192,6 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
     report_every = max(1, len(sessions) // 20)
     started: set[int] = set()  # requests whose first prefill pass has begun
 
-    def prewarm(now: float) -> None:
-        for wj, tokens in policy.take_prewarms():
-            models[wj].submit(SimRequest(prompt=tokens, output_len=1, output=(), max_new_tokens=1, tag=_PREWARM), now)
-            if not busy[wj]:
-                start_pass(wj, now)
-
     def publish(wi: int, kind: str) -> None:
         if kind == "decode":
             decodes[wi] += 1
@@ -222,7 +214,7 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
             res.decode_batches[len(it.batch)] = res.decode_batches.get(len(it.batch), 0) + 1
         else:
             for req, _ in it.chunks:
-                if id(req) not in started and req.tag is not _PREWARM:
+                if id(req) not in started:
                     started.add(id(req))
                     res.queue_waits.append(now - req.arrival)
         heapq.heappush(heap, (now + it.seconds, seq, _PASS_DONE, (wi, it)))
@@ -273,8 +265,6 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
                 res.imbalance_samples += 1
                 if not busy[wi]:
                     start_pass(wi, now)
-                if kv:
-                    prewarm(now)
                 continue
             wi, it = obj
             finished = models[wi].finish_iteration(it, now)
@@ -282,8 +272,6 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
                 policy.now = now
                 publish(wi, it.kind)
             for req, event in finished:
-                if req.tag is _PREWARM:
-                    continue
                 if event == FIRST_TOKEN:
                     res.ttfts.append(now - req.arrival)
                     continue
@@ -325,7 +313,7 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
         res.peak_kv_tokens = shared.total_tokens  # everything ever produced: the "infinite" cache
     res.moves = dict(policy.moves)
     res.placements = dict(policy.placements)
-    res.prewarms = policy.prewarm_counts()
+    res.kv_events = policy.kv_counts()
     res.evicted_tokens = sum(m.cache.evicted_tokens for m in models) if shared is None else 0
     res.retractions = sum(m.counters.retractions for m in models)
     res.wall_s = time.perf_counter() - wall0

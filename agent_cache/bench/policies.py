@@ -27,7 +27,6 @@ from agent_cache.placement.rule import Policy
 from agent_cache.routing.config import session_key
 from agent_cache.routing.kv_state import KvState
 from agent_cache.routing.kv_tokens import trim_edges
-from agent_cache.routing.prewarm import Prewarming
 from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.store.base import MetadataStore
 from agent_cache.store.memory import MemoryStore
@@ -65,7 +64,7 @@ class RoutingPolicy:
     name = "base"
     form = "raw"
     cache = "radix"  # radix | none | oracle
-    kv_events = False  # True: the workers publish KV events to the policy (kv_batch) and it may prewarm
+    kv_events = False  # True: the workers publish KV events to the policy (kv_batch)
 
     def __init__(self, workers: int, replicas: int = 1, seed: int = 0) -> None:
         self.workers = workers
@@ -90,11 +89,8 @@ class RoutingPolicy:
     def kv_batch(self, worker: int, events: list[Any]) -> None:
         """One batch of a worker's KV events, when the worker would publish it (``kv_events`` policies)."""
 
-    def take_prewarms(self) -> list[tuple[int, Sequence[int]]]:
-        """Prewarm requests decided since the last call: (worker, template token ids)."""
-        return []
-
-    def prewarm_counts(self) -> dict[str, int]:
+    def kv_counts(self) -> dict[str, int]:
+        """What the policy counted of the workers' KV events (``kv_events`` policies)."""
         return {}
 
 
@@ -228,11 +224,10 @@ class AgentCache(RoutingPolicy):
 
 
 class AgentCacheKv(AgentCache):
-    """The same Router fed the workers' KV events (exact template holders), plus hot-template prewarming."""
+    """The same Router fed the workers' KV events (exact template holders, sessions' evicted prefixes)."""
 
     name = "agent-cache-kv"
     kv_events = True
-    prewarm = True
 
     def __init__(self, workers: int, replicas: int = 1, seed: int = 0, *, capacity: int = 400_000,
                  redis_url: str | None = None, policy: Policy | None = None) -> None:
@@ -240,24 +235,15 @@ class AgentCacheKv(AgentCache):
         self.kv = KvState()
         for r in self.routers:
             r.kv_events = self.kv  # one subscriber's state, as every replica's indexer would build alike
-        self.prewarming = Prewarming(self.routers[0], clock=self._clock)  # planned here, sent by the fleet
-        self.prewarmer = self.prewarming.prewarmer
         self._seq = [0] * workers
-        self._prewarms: list[tuple[int, Sequence[int]]] = []
-        self._tokens: dict[str, Sequence[int]] = {}
+        self._learnt: set[str] = set()
 
     def route(self, call: Dispatch, fleet: FleetView) -> int:
         tid = call.template_id
-        if tid and tid not in self._tokens and call.template_token_ids:
-            self._tokens[tid] = call.template_token_ids
+        if tid and tid not in self._learnt and call.template_token_ids:
+            self._learnt.add(tid)
             self.kv.learn_template(tid, call.template_token_ids)
-        found = self.kv.holders(tid, self.urls) if tid else None
-        wi = super().route(call, fleet)
-        placement: Placement = call.handle
-        if self.prewarm and tid and found is not None and placement.outcome.startswith("placed_"):
-            for url in self.prewarming.targets(tid, len(self._tokens[tid]), placement):  # the product's rule
-                self._prewarms.append((self._index[url], self._tokens[tid]))
-        return wi
+        return super().route(call, fleet)
 
     def completed(self, call: Dispatch, worker: int, prompt_tokens: int, cached_tokens: int) -> None:
         super().completed(call, worker, prompt_tokens, cached_tokens)
@@ -269,20 +255,8 @@ class AgentCacheKv(AgentCache):
         self.kv.apply(self.urls[worker], self._seq[worker], KVEventBatch(self.now, events))
         self._seq[worker] += 1
 
-    def take_prewarms(self) -> list[tuple[int, Sequence[int]]]:
-        out, self._prewarms = self._prewarms, []
-        return out
-
-    def prewarm_counts(self) -> dict[str, int]:
-        c = self.prewarmer.counts
-        return {"sent": c.prewarms, "hits": c.hits, "refused": c.refused, "event_gaps": self.kv.gaps}
-
-
-class AgentCacheKvNoPrewarm(AgentCacheKv):
-    """``agent-cache-kv`` without prewarming: the events' part of a difference told from the prewarms'."""
-
-    name = "agent-cache-kv-no-prewarm"
-    prewarm = False
+    def kv_counts(self) -> dict[str, int]:
+        return {"event_gaps": self.kv.gaps, "prefixes_gone": self.kv.prefixes_gone}
 
 
 class AgentCacheRenamed(AgentCache):
@@ -324,7 +298,7 @@ class NoCache(Oracle):
 
 
 POLICIES: dict[str, type[RoutingPolicy]] = {p.name: p for p in (
-    RoundRobin, RandomChoice, LeastLoad, ConsistentHash, AgentCache, AgentCacheKv, AgentCacheKvNoPrewarm,
+    RoundRobin, RandomChoice, LeastLoad, ConsistentHash, AgentCache, AgentCacheKv,
     AgentCacheRenamed, AgentCacheNoTemplates, Oracle, NoCache)}
 
 

@@ -42,7 +42,7 @@ TRACE_SESSIONS, TRACE_RATE = 100, 8.0
 def _row(r: RunResult) -> dict[str, Any]:
     m = report.metrics(r, None)
     keep = ("token_hit_rate", "ttft_p50_s", "ttft_p99_s", "load_imbalance", "throughput_sessions_per_s",
-            "evicted_tokens", "recomputed_tokens", "moves", "moves_by_reason", "working_set_tokens", "prewarms")
+            "evicted_tokens", "recomputed_tokens", "moves", "moves_by_reason", "working_set_tokens", "kv_events")
     return {k: m[k] for k in keep}
 
 

@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 
 from agent_cache.bench import report
 from agent_cache.bench.realfleet import (
-    GATEWAY_KV_POLICIES,
+    GATEWAY_KV_POLICY,
     GATEWAY_POLICIES,
     SMG_POLICIES,
     SMG_TUNING,
@@ -261,7 +261,7 @@ def metrics(results: Sequence[ReplicaResult], n_sessions: int, start: float, wor
 # --- the run ---------------------------------------------------------------------------
 
 
-KV_COUNTERS = ("prewarms", "prewarm_hits", "prewarms_refused", "prewarms_failed", "prefixes_gone", "gaps", "batches")
+KV_COUNTERS = ("prefixes_gone", "gaps", "batches", "token_lookups_failed")
 
 
 def _follow_kv_events(workers: Workers, gateway: AgentCacheGateways,
@@ -363,7 +363,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.redis:  # registered first, so it runs last: after every replica has stopped writing
             stack.callback(_delete_keys, args.redis, run_prefix)
         procs = stack.enter_context(Processes())
-        kv_events = any(n in GATEWAY_KV_POLICIES for n in names)
+        kv_events = GATEWAY_KV_POLICY in names
         workers = _start_workers(args, procs, n_workers, capacity, time_scale, kv_events, log)
         stack.callback(workers.close)
         config.update(workers.describe())
@@ -380,8 +380,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                       count=gateways)
             elif name in GATEWAY_POLICIES:  # as the agent-cache policy routes: templatize, the run's Redis
                 keys = write_gateway_keys(os.path.join(procs.dir, "gateway-keys"), (s.tenant for s in sessions))
-                metrics_ports = [free_port() for _ in range(gateways)] if name in GATEWAY_KV_POLICIES else []
-                kv = ["--kv-events", workers.kv_sources, *GATEWAY_KV_POLICIES[name]] if metrics_ports else []
+                metrics_ports = [free_port() for _ in range(gateways)] if name == GATEWAY_KV_POLICY else []
+                kv = ["--kv-events", workers.kv_sources] if metrics_ports else []
                 gateway = AgentCacheGateways(procs, workers.urls, redis_url=redis_url, count=gateways, args=[
                     "--prefix", f"{run_prefix}-{name}", "--templates", "templatize", "--api-keys", keys,
                     *(["--extra-fields", "sim_output"] if workers.scripted else []), "--timeout", "300", *kv],
@@ -399,7 +399,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     log(f"{name}: {done}/{len(sessions)} sessions")
 
                 results = replicas.run(jobs, progress)
-                kv_counts = kv_scrape() if name in GATEWAY_KV_POLICIES else None
+                kv_counts = kv_scrape() if name == GATEWAY_KV_POLICY else None
             finally:
                 if gateway is not None:
                     gateway.stop()

@@ -60,10 +60,8 @@ ROUTING_KEY_HEADER = "x-smg-routing-key"
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
 # agent-cache serve names it here, and takes the session and the tenant's key from these
 GATEWAY_POLICY = "agent-cache-gateway"
-GATEWAY_KV_POLICY = "agent-cache-gateway-kv"  # the same gateway following the workers' KV events, prewarming
-# the gateway's KV-event policies and the flags beyond --kv-events each adds: prewarming, on its own or not
-GATEWAY_KV_POLICIES = {GATEWAY_KV_POLICY: ("--prewarm",), "agent-cache-gateway-kv-no-prewarm": ()}
-GATEWAY_POLICIES = (GATEWAY_POLICY, *GATEWAY_KV_POLICIES)
+GATEWAY_KV_POLICY = "agent-cache-gateway-kv"  # the same gateway following the workers' KV events
+GATEWAY_POLICIES = (GATEWAY_POLICY, GATEWAY_KV_POLICY)
 GATEWAY_WORKER_HEADER = "x-agent-cache-worker"
 GATEWAY_SESSION_HEADER = "x-session-id"
 

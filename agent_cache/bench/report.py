@@ -62,7 +62,7 @@ def metrics(res: RunResult, oracle_hit_rate: float | None, model: ModelConfig = 
         "moves": sum(res.moves.values()),
         "moves_by_reason": dict(res.moves),
         "placements_by_outcome": dict(res.placements),
-        "prewarms": dict(res.prewarms),
+        "kv_events": dict(res.kv_events),
         "evicted_tokens": res.evicted_tokens,
         "recomputed_tokens": res.recomputed_tokens,
         "working_set_tokens": res.working_set_tokens,

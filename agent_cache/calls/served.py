@@ -1,6 +1,5 @@
 """What follows a served call, for both doors: its template recorded, its trace written, and with
-KV events on, its template's and its last message's tokens learnt (``routing/kv_tokens.py``) and,
-with prewarming on, the template prefilled where the next sessions will want it (``routing/prewarm.py``).
+KV events on, its template's and its last message's tokens learnt (``routing/kv_tokens.py``).
 
 :meth:`Served.__call__` is the one hook each door runs once the caller has
 its answer (the gateway, just before its lifecycle settles the attempt;
@@ -15,10 +14,8 @@ from typing import Any, Sequence
 
 from agent_cache.backends.protocol import Usage
 from agent_cache.calls.prepare import Call
-from agent_cache.errors import ConfigError
 from agent_cache.routing.kv_share import KvShare, SessionPrintLog
 from agent_cache.routing.kv_tokens import KvTokens
-from agent_cache.routing.prewarm import DEFAULT_THRESHOLD, Prewarmer, Prewarming
 from agent_cache.routing.router import Router
 from agent_cache.routing.types import Placement
 from agent_cache.templates.registry import TemplateRegistry
@@ -27,33 +24,26 @@ from agent_cache.traces import TraceWriter
 
 class Served:
     """The bookkeeping after a served call: ``registry`` records templates, ``trace`` (optional)
-    appends the call to a trace file, ``template_tokens`` (optional) learns templates' token ids and
-    ``prewarming`` (optional) prefills hot templates; :meth:`for_router` makes both from a router's options."""
+    appends the call to a trace file, ``template_tokens`` (optional) learns templates' token ids;
+    :meth:`for_router` makes it from a router's options."""
 
     def __init__(self, registry: TemplateRegistry, trace: TraceWriter | None = None,
-                 template_tokens: KvTokens | None = None, prewarming: Prewarming | None = None) -> None:
+                 template_tokens: KvTokens | None = None) -> None:
         self.registry = registry
         self.trace = trace
         self.template_tokens = template_tokens
-        self.prewarming = prewarming
 
     @classmethod
     def for_router(cls, registry: TemplateRegistry, router: Router, trace: TraceWriter | None = None, *,
-                   api_key: str | None = None, prewarm: bool = False,
-                   prewarm_threshold: float = DEFAULT_THRESHOLD) -> "Served":
+                   api_key: str | None = None) -> "Served":
         """The hook for calls ``router`` places: with its KV events on, templates' tokens are learnt from the
         workers (``api_key``: theirs), shared through a Redis store with the other router processes
-        (``routing/kv_share.py``), and, with ``prewarm``, hot templates are prewarmed."""
+        (``routing/kv_share.py``)."""
         kv = router.kv_events
-        if prewarm and kv is None:
-            raise ConfigError("prewarm", "prewarming needs the workers' KV events: Router(..., kv_events="
-                                         "KvState()) fed by a KvIndexer (docs/routing.md)")
         # with a Redis store, what each session's calls teach is shared with the other router processes
         share = KvShare(kv, router.store).start() if kv is not None and isinstance(router.store, SessionPrintLog) else None
         learner = None if kv is None else KvTokens(kv, api_key=api_key, share=share)
-        prewarming = Prewarming(router, prewarmer=Prewarmer(threshold=prewarm_threshold),
-                                api_key=api_key) if prewarm else None
-        return cls(registry, trace, learner, prewarming)
+        return cls(registry, trace, learner)
 
     def __call__(self, call: Call, placement: Placement, *, usage: Usage | None = None, text: str = "",
                  messages: Sequence[dict[str, Any]] = (), tools: list[dict[str, Any]] | None = None) -> None:
@@ -62,17 +52,13 @@ class Served:
             if self.template_tokens is not None:  # queued too
                 self.template_tokens.want(call.prompt.template_id, call.prompt.messages, placement.worker,
                                           tenant=placement.tenant, session_id=placement.session_id)
-            if self.prewarming is not None:  # queued too
-                p = call.prompt
-                self.prewarming.after(p.template_id, p.messages, p.tools, p.template_tokens, placement, call.model)
         if self.trace is not None:
             self.trace.write(call.route.session_id, list(messages), text,
                              usage.completion_tokens if usage else None, time.time(), tools)
 
     def close(self) -> None:
         self.registry.close()
-        for part in (self.template_tokens, self.prewarming):
-            if part is not None:
-                part.close()
+        if self.template_tokens is not None:
+            self.template_tokens.close()
         if self.trace is not None:
             self.trace.close()

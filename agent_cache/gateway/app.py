@@ -159,8 +159,7 @@ class Gateway:
         self.inflight = 0
         self._tenant_inflight: dict[str, int] = {}  # calls in flight per tenant (concurrency= of the keys file)
         self.limits = RateLimits(config.redis_url, config.prefix)  # rpm= and tpm= of the keys file
-        served = Served.for_router(self.registry, self.router, api_key=config.worker_api_key,
-                                   prewarm=config.prewarm, prewarm_threshold=config.prewarm_threshold)
+        served = Served.for_router(self.registry, self.router, api_key=config.worker_api_key)
         self.forward = Forward(self.router, self.transport, served, self.limits,
                                timeout=config.timeout, max_attempts=config.max_attempts,
                                early_sends=self.metrics.early_sends,
@@ -168,7 +167,7 @@ class Gateway:
         self.kv_indexer = None
         if config.kv_events is not None and kv is not None:
             self.kv_indexer = KvIndexer(kv, config.kv_events, store=self.router.store).start()
-            KV_METRICS.add(self.kv_indexer, served.template_tokens, served.prewarming)
+            KV_METRICS.add(self.kv_indexer, served.template_tokens)
 
     # --- pieces -----------------------------------------------------------------
 

@@ -12,7 +12,6 @@ from agent_cache.routing.config import parse_workers
 from agent_cache.routing.first_byte import DEFAULT_FLOOR
 from agent_cache.routing.fleet import FleetConfig
 from agent_cache.routing.kv_indexer import EventSource
-from agent_cache.routing.prewarm import DEFAULT_THRESHOLD
 from agent_cache.store.base import DEFAULT_PREFIX
 from agent_cache.templates.templater import TemplateMode
 
@@ -52,8 +51,6 @@ class GatewayConfig:
     fleet: FleetConfig = field(default_factory=FleetConfig)  # workers added, drained, discovered at run time
     transport: str = "httpx"  # to the workers: httpx (the reference) or fast (asyncio + httptools)
     kv_events: Mapping[str, EventSource] | None = None  # worker URL -> its KV event publisher (docs/routing.md)
-    prewarm: bool = False  # hot templates prefilled ahead of need (needs kv_events)
-    prewarm_threshold: float = DEFAULT_THRESHOLD  # new sessions a minute that make a template hot
 
     def __post_init__(self) -> None:
         if not self.workers and not self.fleet.dns:
@@ -85,11 +82,6 @@ class GatewayConfig:
             if strangers:
                 raise ConfigError("kv_events", f"{strangers} are not among the workers: name each worker's "
                                                "publisher by the worker's own URL")
-        if self.prewarm and self.kv_events is None:
-            raise ConfigError("prewarm", "prewarming needs the workers' KV events (--kv-events)")
-        if not isinstance(self.prewarm_threshold, (int, float)) or not self.prewarm_threshold > 0:
-            raise ConfigError("prewarm_threshold",
-                              f"expected new sessions a minute > 0, got {self.prewarm_threshold!r}")
         owned = sorted(self.extra_fields & NOT_PASSED_THROUGH)
         if owned:
             raise ConfigError("extra_fields", f"{owned} are set or checked by the gateway and cannot pass through")

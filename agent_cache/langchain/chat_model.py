@@ -113,7 +113,6 @@ class ChatSGLang(BaseChatModel):
     health_probe_interval: float | None = None
     infer_sessions: bool = True  # a call without a session id: the session of its conversation's start
     trace_path: str | None = None  # append every served call to this trace file (docs/traces.md)
-    prewarm: bool = False  # hot templates prefilled ahead of need; needs router=Router(kv_events=...)
 
     _router: Router = PrivateAttr()
     _templater: Templater = PrivateAttr()
@@ -156,8 +155,7 @@ class ChatSGLang(BaseChatModel):
             self._check_options(router)
             self._trace = TraceWriter(self.trace_path) if self.trace_path is not None else None
             self._registry = TemplateRegistry(router.store)  # templates of served calls, recorded after them
-            self._served = Served.for_router(self._registry, router, self._trace, api_key=self._key(),
-                                             prewarm=self.prewarm)
+            self._served = Served.for_router(self._registry, router, self._trace, api_key=self._key())
         except ConfigError:
             if self.router is None:
                 router.close()

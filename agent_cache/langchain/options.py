@@ -55,8 +55,14 @@ def checked_kwargs(kwargs: dict[str, Any], fields: Mapping[str, FieldInfo]) -> d
     return kwargs
 
 
+# options ChatSGLang had and no longer has: named as removed rather than taken for a request field
+REMOVED = {"prewarm": "prewarming was removed, as it measured no gain (see the CHANGELOG)"}
+
+
 def unknown_option(name: str, fields: Mapping[str, FieldInfo]) -> ConfigError:
     """The error for an option ChatSGLang does not have, with a hint at the one meant."""
+    if name in REMOVED:
+        return ConfigError(name, f"ChatSGLang has no option {name!r} any more: {REMOVED[name]}")
     close = difflib.get_close_matches(name, sorted(_known(fields)), n=1, cutoff=0.6)
     if close:
         hint = f"; did you mean {close[0]!r}?"

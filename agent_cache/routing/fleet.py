@@ -155,9 +155,7 @@ class Fleet:
             except (StoreError, ConfigError) as exc:
                 self._warn(f"fleet board unavailable, keeping the current workers: {exc}")
                 return
-            drained = self._apply(entries)
-        for url in drained:  # after every drain of the pass, out of the lock: none is a target of another's
-            self.router.drain_hooks.run(url)
+            self._apply(entries)
 
     def _finish_drains(self, entries: dict[str, FleetEntry]) -> dict[str, FleetEntry]:
         now = self._clock()
@@ -207,8 +205,8 @@ class Fleet:
             return None
         return {url: int(w.get("inflight", 0)) for url, w in stats["workers"].items()}
 
-    def _apply(self, entries: dict[str, FleetEntry]) -> list[str]:
-        """Apply the board to the router; returns the workers that began to drain."""
+    def _apply(self, entries: dict[str, FleetEntry]) -> None:
+        """Apply the board to the router."""
         desired: dict[str, tuple[str, str, str]] = {url: (pool, UP, STATIC) for url, pool in self._static.items()}
         for e in entries.values():
             if e.state == GONE:
@@ -223,7 +221,6 @@ class Fleet:
                 self._draining.discard(url)
                 logger.info("worker %s left the fleet", url)
         current = {w.url: w.pool for w in self.router.workers}
-        drained: list[str] = []
         for url, (pool, state, source) in desired.items():
             if url not in current:
                 try:
@@ -235,15 +232,13 @@ class Fleet:
                     continue
                 logger.info("worker %s joined pool %s (%s)", url, pool, source)
             if state == DRAINING and url not in self._draining:
-                self.router.drain(url, run_hooks=False)
+                self.router.drain(url)
                 self._draining.add(url)
-                drained.append(url)
                 logger.info("worker %s draining", url)
             elif state == UP and url in self._draining:
                 self.router.undrain(url)
                 self._draining.discard(url)
         self._sources = {url: source for url, (_, _, source) in desired.items()}
-        return drained
 
     # --- DNS discovery ------------------------------------------------------------------
 

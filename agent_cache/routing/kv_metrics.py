@@ -19,19 +19,17 @@ from prometheus_client.registry import Collector
 
 from agent_cache.routing.kv_indexer import KvIndexer
 from agent_cache.routing.kv_tokens import KvTokens
-from agent_cache.routing.prewarm import Prewarming
 
 
 class _KvCollector(Collector):
     def __init__(self) -> None:
-        self._parts: "weakref.WeakKeyDictionary[KvIndexer, tuple[KvTokens | None, Prewarming | None]]" = \
-            weakref.WeakKeyDictionary()
+        self._parts: "weakref.WeakKeyDictionary[KvIndexer, KvTokens | None]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._registered = False
 
-    def add(self, indexer: KvIndexer, learner: KvTokens | None, prewarming: Prewarming | None = None) -> None:
+    def add(self, indexer: KvIndexer, learner: KvTokens | None) -> None:
         with self._lock:
-            self._parts[indexer] = (learner, prewarming)
+            self._parts[indexer] = learner
             if not self._registered:
                 REGISTRY.register(self)
                 self._registered = True
@@ -54,11 +52,6 @@ class _KvCollector(Collector):
             ("token_lookups_failed", "tokenizations (templates, sessions' last messages) a worker did not answer"),
             ("prefixes_gone", "routes that found, from its events, that the session's worker evicted its prefix"),
             ("session_lookups_dropped", "sessions' last messages not tokenized (the queue full, the worker failing)"),
-            ("prewarms", "templates prefilled ahead of need"), ("prewarm_hits", "new sessions placed on a worker "
-             "because a prewarm put their template there"), ("prewarms_refused", "prewarms a worker's per-minute "
-             "budget refused"),
-            ("prewarms_for_drains", "of the prewarms, those sent because a holder drained"), ("prewarms_failed", "prewarms a worker did not answer"),
-            ("prewarms_dropped", "prewarms planned while the send queue was full (not sent)"),
             ("sessions_shared", "sessions' fingerprints appended to the store for the other router processes"),
             ("sessions_adopted", "sessions' fingerprints other router processes learnt, adopted here"),
             ("session_shares_dropped", "sessions' fingerprints not appended (the queue full, the store away)"),
@@ -70,7 +63,7 @@ class _KvCollector(Collector):
         values = dict.fromkeys(counters, 0.0)
         learnt = tails = 0
         workers: dict[str, int | None] = {}
-        for indexer, (learner, prewarming) in list(self._parts.items()):
+        for indexer, learner in list(self._parts.items()):
             heard = indexer.state.workers()
             for url in indexer.sources:
                 workers.setdefault(url, heard.get(url))
@@ -94,14 +87,6 @@ class _KvCollector(Collector):
                     values["session_shares_dropped"] += learner.share.dropped
                     values["session_share_resets"] += learner.share.resets
                     values["session_records_skipped"] += learner.share.bad
-            if prewarming is not None:
-                c = prewarming.prewarmer.counts
-                values["prewarms"] += c.prewarms
-                values["prewarm_hits"] += c.hits
-                values["prewarms_refused"] += c.refused
-                values["prewarms_for_drains"] += c.for_drains
-                values["prewarms_failed"] += prewarming.failed
-                values["prewarms_dropped"] += prewarming.dropped
         for url, tokens in workers.items():
             known.add_metric([url], float(tokens is not None))
             if tokens is not None:

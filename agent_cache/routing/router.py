@@ -40,7 +40,6 @@ from agent_cache.routing.degraded import StoreAvailability, logger
 from agent_cache.placement.hashing import pool_for_session, rendezvous_pick
 from agent_cache.routing.first_byte import DEFAULT_FACTOR, DEFAULT_FLOOR, FirstByteDeadlines
 from agent_cache.routing.health import CLOSED, HealthTracker
-from agent_cache.routing.drain_hooks import DrainHooks
 from agent_cache.routing.kv_state import KvState
 from agent_cache.routing.lifecycle import CallLifecycle
 from agent_cache.routing.metrics import RouterMetrics
@@ -147,7 +146,6 @@ class Router(AsyncFace):
         self.metrics = RouterMetrics(registry)
         self.passive = PassiveHealth(self.health, self.metrics, lambda: self._workers)
         self._clock, self.kv_events = clock, kv_events  # template holders from the workers' KV events
-        self.drain_hooks = DrainHooks()  # run with a worker's URL once it drains (prewarming registers one)
         self.lease = lease
         self.outbox = Outbox(self.store, self.availability, self._store_failed, clock, release_delay, lease)
         self.prober = Prober(lambda: self._workers, self.health, self.metrics, self._capacity, self._config_changed,
@@ -190,13 +188,10 @@ class Router(AsyncFace):
         self.first_byte.forget(url.rstrip("/"))
         self.metrics.forget_worker(url.rstrip("/"))
 
-    def drain(self, url: str, *, run_hooks: bool = True) -> None:
-        """No new sessions; pinned ones move on their next call (reason ``draining``); then the
-        ``drain_hooks`` run (``run_hooks=False``: the caller runs them, the fleet once its pass is applied)."""
+    def drain(self, url: str) -> None:
+        """No new sessions; pinned ones move on their next call (reason ``draining``)."""
         self._draining.add(url.rstrip("/"))
         self._config_changed()
-        if run_hooks:
-            self.drain_hooks.run(url.rstrip("/"))
 
     def undrain(self, url: str) -> None:
         self._draining.discard(url.rstrip("/"))

@@ -1,4 +1,4 @@
-"""agent-cache-kv in the fleet simulation: the workers' KV events reach the routers; hot templates are prewarmed."""
+"""agent-cache-kv in the fleet simulation: the workers' KV events reach the routers."""
 
 from __future__ import annotations
 
@@ -7,25 +7,17 @@ from agent_cache.bench.policies import AgentCacheKv, make_policies
 from agent_cache.bench.workloads import WorkloadParams, generate
 
 
-def test_the_kv_policy_learns_every_worker_and_prewarms_a_hot_template_only_where_it_fits() -> None:
+def test_the_kv_policy_learns_every_worker_and_sends_only_the_sessions_calls() -> None:
     ss = generate(WorkloadParams(sessions=40, rate=20, seed=3))
     cfg = FleetConfig(workers=3, capacity_tokens=60_000)
     (pol,) = make_policies(["agent-cache-kv"], 3, 1, 0, capacity=60_000)
     assert isinstance(pol, AgentCacheKv)
-    pol.prewarmer.threshold = 2.0  # hot from the third new session a minute
     res = simulate(ss, pol, cfg)
     assert res.sessions_done == 40 and res.calls > 40
-    assert all(pol.kv.known(u) for u in pol.urls) and pol.kv.gaps == 0
-    assert res.prewarms["sent"] >= 1 and res.prewarms["sent"] == sum(pol.prewarmer.counts.by_worker.values())
+    assert all(pol.kv.known(u) for u in pol.urls) and pol.kv.gaps == 0 and res.kv_events["event_gaps"] == 0
     assert sum(pol.kv.cached_tokens(u) or 0 for u in pol.urls) > 0
-    # prewarm requests are not calls: the measured calls are the sessions' own
     (plain,) = make_policies(["agent-cache"], 3, 1, 0, capacity=60_000)
     assert simulate(ss, plain, cfg).calls == res.calls
-    (events_only,) = make_policies(["agent-cache-kv-no-prewarm"], 3, 1, 0, capacity=60_000)
-    assert isinstance(events_only, AgentCacheKv)
-    events_only.prewarmer.threshold = 2.0
-    alone = simulate(ss, events_only, cfg)
-    assert alone.prewarms["sent"] == 0 and alone.calls == res.calls and all(events_only.kv.known(u) for u in pol.urls)
 
 
 def test_the_kv_policy_learns_sessions_last_messages_and_finds_evicted_prefixes_under_pressure() -> None:

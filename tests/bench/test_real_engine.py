@@ -96,7 +96,7 @@ def test_every_policy_completes_every_session(tiny) -> None:
 def test_the_kv_gateway_follows_every_workers_events(tiny) -> None:
     _, doc, _, _ = tiny
     kv = doc["policies"]["agent-cache-gateway-kv"]["kv_events"]  # summed over the run's 2 gateways
-    assert kv["batches"] > 0 and kv["gaps"] == 0 and kv["prewarms_failed"] == 0, kv
+    assert kv["batches"] > 0 and kv["gaps"] == 0 and kv["token_lookups_failed"] == 0, kv
     assert "kv_events" not in doc["policies"]["agent-cache"]
 
 

@@ -145,20 +145,23 @@ def test_the_edges_of_the_system_prompt_are_left_out_of_the_fingerprint() -> Non
         worker.stop()
 
 
-def test_prewarming_is_refused_without_kv_events_naming_the_option() -> None:
+def test_the_removed_prewarming_options_are_refused_by_name() -> None:
+    import subprocess
+    import sys
+
     from agent_cache.errors import ConfigError
     from agent_cache.gateway import GatewayConfig
 
     with Router(["http://127.0.0.1:9"], probe_interval=None) as router:
-        with pytest.raises(ConfigError) as err:
+        with pytest.raises(ConfigError, match="'prewarm' any more: prewarming was removed") as err:
             ChatSGLang(router=router, prewarm=True)
         assert err.value.field == "prewarm"
-    with pytest.raises(ConfigError) as err:
-        GatewayConfig(["http://127.0.0.1:9"], prewarm=True)
-    assert err.value.field == "prewarm"
-    with pytest.raises(ConfigError) as err:
-        GatewayConfig(["http://127.0.0.1:9"], prewarm_threshold=0)
-    assert err.value.field == "prewarm_threshold"
+    with pytest.raises(TypeError, match="'prewarm'"):
+        GatewayConfig(["http://127.0.0.1:9"], prewarm=True)  # type: ignore[call-arg]
+    for flag in (["--prewarm"], ["--prewarm-threshold", "2"]):
+        out = subprocess.run([sys.executable, "-m", "agent_cache.cli", "serve", "--workers", "http://127.0.0.1:9",
+                              *flag], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and f"unrecognized arguments: {' '.join(flag)}" in out.stderr, out.stderr
 
 
 def test_a_sessions_last_message_is_its_end_only_and_never_the_template() -> None:
