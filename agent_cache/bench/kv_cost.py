@@ -6,10 +6,7 @@ other merged into one event), then times decoding the
 published payload (:func:`agent_cache.kv_events.decode_batch`) and applying
 it (:meth:`agent_cache.routing.kv_state.KvState.apply`); then what the state
 keeps of them, in bytes a resident token (``tracemalloc``, the payload decoded
-again and applied while tracing, as the subscriber feeds it); then the size of
-the worker's snapshot another router process takes up from the store
-(:mod:`agent_cache.routing.kv_snapshots`), and how long taking it up takes; and
-what an unknown worker's batches kept meanwhile cost at their cap.
+again and applied while tracing, as the subscriber feeds it).
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ import time
 import tracemalloc
 
 from agent_cache.kv_events import KVEventBatch, decode_batch, encode_batch
-from agent_cache.routing.kv_snapshots import decode, encode
 from agent_cache.routing.kv_state import KvState
 from agent_cache.sim.radix import RadixCache
 from agent_cache.sim.versions import LATEST_VERSION, SGLangVersion
@@ -53,48 +49,10 @@ def measure(tokens: int = 200_000, node: int = 2_000, seed: int = 0) -> dict[str
         kept = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    snap = state.snapshot("worker")
-    assert snap is not None
-    blob = encode(snap)
-    late = KvState()
-    late.keep_pending_s = 10.0  # as kv_snapshots.KvSnapshots sets it
-    late.apply("worker", snap.seq, KVEventBatch(snap.ts, []))  # the batch it was taken at, received late
-    t3 = time.perf_counter()
-    outcome = late.install("worker", decode(blob))
-    t4 = time.perf_counter()
-    assert outcome == "installed", outcome
     return {"events": float(n_events), "decode_us_per_event": (t1 - t0) / n_events * 1e6,
             "decode_us_per_token": (t1 - t0) / tokens * 1e6,
             "index_us_per_token": (t2 - t1) / tokens * 1e6, "payload_bytes_per_event": len(payload) / n_events,
-            "state_bytes_per_token": kept / max(1, state.cached_tokens("worker") or 0),
-            "snapshot_bytes_per_token": len(blob) / tokens, "snapshot_take_up_ms": (t4 - t3) * 1000}
-
-
-def pending_cost(batch_tokens: int = 1_000, seed: int = 0) -> dict[str, float]:
-    """What an unknown worker's batches kept for a snapshot cost at the cap (``max_pending_weight``):
-    1,000-token batches at page size 1, decoded as the subscriber decodes them, traced while kept."""
-    rng = random.Random(seed)
-    fmt = SGLangVersion.parse(LATEST_VERSION).kv_event_format
-    cache = RadixCache(10**8, enable_kv_events=True, kv_format=fmt)
-    cache.take_events()  # the start-up reset: not heard, so the worker stays unknown
-    probe = KvState()
-    n = probe.max_pending_weight // (2 * batch_tokens) + 5  # past the cap
-    payloads = []
-    for i in range(n):
-        cache.insert([rng.randrange(100_000) for _ in range(batch_tokens)])
-        payloads.append(encode_batch(KVEventBatch(float(i), cache.take_events()), fmt.encoding))
-    gc.collect()
-    tracemalloc.start()
-    try:
-        state = KvState()
-        state.keep_pending_s = float(n)
-        for i, payload in enumerate(payloads):
-            state.apply("worker", i + 1, decode_batch(payload))
-        gc.collect()
-        kept = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    return {"pending_weight": float(state.max_pending_weight), "pending_mb": kept / 1e6}
+            "state_bytes_per_token": kept / max(1, state.cached_tokens("worker") or 0)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,11 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.tokens:,} stored tokens in {int(m['events']):,} events: decode {m['decode_us_per_token']:.2f} "
           f"us/token, index {m['index_us_per_token']:.2f} us/token, {m['payload_bytes_per_event']:.0f} bytes/event; "
           f"one thread follows about {per_s:,.0f} stored tokens/s at page size 1; the state keeps "
-          f"{m['state_bytes_per_token']:.1f} bytes a resident token; its snapshot in the store "
-          f"{m['snapshot_bytes_per_token']:.2f} bytes a resident token, taken up in {m['snapshot_take_up_ms']:.1f} ms")
-    kept = pending_cost()
-    print(f"an unknown worker's batches kept for a snapshot, at the cap ({kept['pending_weight']:,.0f} events and "
-          f"stored tokens): {kept['pending_mb']:.0f} MB")
+          f"{m['state_bytes_per_token']:.1f} bytes a resident token")
     return 0
 
 

@@ -14,7 +14,6 @@ from typing import Any, Sequence
 
 from agent_cache.backends.protocol import Usage
 from agent_cache.calls.prepare import Call
-from agent_cache.routing.kv_share import KvShare, SessionPrintLog
 from agent_cache.routing.kv_tokens import KvTokens
 from agent_cache.routing.router import Router
 from agent_cache.routing.types import Placement
@@ -36,13 +35,10 @@ class Served:
     @classmethod
     def for_router(cls, registry: TemplateRegistry, router: Router, trace: TraceWriter | None = None, *,
                    api_key: str | None = None) -> "Served":
-        """The hook for calls ``router`` places: with its KV events on, templates' tokens are learnt from the
-        workers (``api_key``: theirs), shared through a Redis store with the other router processes
-        (``routing/kv_share.py``)."""
+        """The hook for calls ``router`` places: with its KV events on, templates' and sessions' tokens are
+        learnt from the workers (``api_key``: theirs)."""
         kv = router.kv_events
-        # with a Redis store, what each session's calls teach is shared with the other router processes
-        share = KvShare(kv, router.store).start() if kv is not None and isinstance(router.store, SessionPrintLog) else None
-        learner = None if kv is None else KvTokens(kv, api_key=api_key, share=share)
+        learner = None if kv is None else KvTokens(kv, api_key=api_key)
         return cls(registry, trace, learner)
 
     def __call__(self, call: Call, placement: Placement, *, usage: Usage | None = None, text: str = "",

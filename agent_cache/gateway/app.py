@@ -166,7 +166,7 @@ class Gateway:
                                count=lambda path, status: self.metrics.requests.labels(path, status).inc())
         self.kv_indexer = None
         if config.kv_events is not None and kv is not None:
-            self.kv_indexer = KvIndexer(kv, config.kv_events, store=self.router.store).start()
+            self.kv_indexer = KvIndexer(kv, config.kv_events).start()
             KV_METRICS.add(self.kv_indexer, served.template_tokens)
 
     # --- pieces -----------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Content-defined anchors of token sequences: every ``ANCHOR_WINDOW``-token window whose hash is 0 modulo
 ``ANCHOR_EVERY``. They depend on the tokens alone (a tuple's hash of integers is the same in every process
 of one Python version), so a fingerprint of a template's or a session's tokens can be looked for among a
-worker's resident runs (kv_state.py) and shared between router processes (kv_share.py, kv_snapshots.py)."""
+worker's resident pages (kv_state.py)."""
 
 from __future__ import annotations
 

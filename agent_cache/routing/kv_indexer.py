@@ -11,9 +11,7 @@ publisher still buffers it), and from the first lost sequence number on a
 gap or after the publisher's connection dropped (the worker may have
 restarted, its first batches sent before this socket reconnected).
 Without one, a gap or a dropped connection leaves the worker unknown (the
-router's own marks decide for it) until its next ``AllBlocksCleared``, or,
-given a Redis store, until it takes up a snapshot another router process
-wrote of the worker (``kv_snapshots.py``).
+router's own marks decide for it) until its next ``AllBlocksCleared``.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ from typing import Any, Mapping
 
 from agent_cache.errors import ConfigError
 from agent_cache.kv_events import AllBlocksCleared, decode_batch, sequence_of
-from agent_cache.routing.kv_snapshots import DEFAULT_INTERVAL, KvSnapshots, WorkerSnapshotStore
 from agent_cache.routing.kv_state import KvState
 
 log = logging.getLogger(__name__)
@@ -47,16 +44,11 @@ class EventSource:
 class KvIndexer:
     """A thread that applies every worker's published batches to ``state``."""
 
-    def __init__(self, state: KvState, sources: Mapping[str, EventSource], *, store: object | None = None,
-                 snapshot_interval: float = DEFAULT_INTERVAL) -> None:
-        """``store``: the router's; a Redis one shares the workers' resident runs with the other router
-        processes (a worker unknown here is taken up from their snapshots)."""
+    def __init__(self, state: KvState, sources: Mapping[str, EventSource]) -> None:
         import zmq
 
         self.state = state
         self.sources = dict(sources)
-        self.snapshots = KvSnapshots(state, store, self.sources, interval=snapshot_interval) \
-            if isinstance(store, WorkerSnapshotStore) else None
         self._ctx: Any = zmq.Context.instance()
         self._subs: dict[Any, str] = {}
         self._monitors: dict[Any, str] = {}  # a publisher that went away may come back as a new process
@@ -78,8 +70,6 @@ class KvIndexer:
 
     def start(self) -> "KvIndexer":
         self._thread.start()
-        if self.snapshots is not None:
-            self.snapshots.start()
         return self
 
     def _loop(self) -> None:
@@ -219,8 +209,6 @@ class KvIndexer:
 
     def close(self) -> None:
         self._stop.set()
-        if self.snapshots is not None:
-            self.snapshots.close()
         if self._thread.is_alive():
             self._thread.join(timeout=REPLAY_TIMEOUT_MS / 1000 + 2)  # a replay fetch ends first
         elif self._thread.ident is None:  # never started: nobody else closes them

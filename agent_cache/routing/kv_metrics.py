@@ -51,15 +51,7 @@ class _KvCollector(Collector):
             ("gaps", "batches that arrived after a lost one"), ("undecodable", "batches that did not decode"),
             ("token_lookups_failed", "tokenizations (templates, sessions' last messages) a worker did not answer"),
             ("prefixes_gone", "routes that found, from its events, that the session's worker evicted its prefix"),
-            ("session_lookups_dropped", "sessions' last messages not tokenized (the queue full, the worker failing)"),
-            ("sessions_shared", "sessions' fingerprints appended to the store for the other router processes"),
-            ("sessions_adopted", "sessions' fingerprints other router processes learnt, adopted here"),
-            ("session_shares_dropped", "sessions' fingerprints not appended (the queue full, the store away)"),
-            ("session_share_resets", "times every session's fingerprints were forgotten: shared ones may be missed"),
-            ("session_records_skipped", "records of the sessions' stream that were not a session's (skipped)"),
-            ("snapshots_written", "workers' resident runs written to the store for the other router processes"),
-            ("snapshots_installed", "workers unknown here taken up from another router process's snapshot"),
-            ("snapshots_failed", "snapshot writes or reads the store did not answer"))}
+            ("session_lookups_dropped", "sessions' last messages not tokenized (the queue full, the worker failing)"))}
         values = dict.fromkeys(counters, 0.0)
         learnt = tails = 0
         workers: dict[str, int | None] = {}
@@ -74,19 +66,9 @@ class _KvCollector(Collector):
             values["replayed"] += indexer.replayed
             values["gaps"] += indexer.state.gaps
             values["undecodable"] += indexer.bad
-            if indexer.snapshots is not None:
-                values["snapshots_written"] += indexer.snapshots.written
-                values["snapshots_installed"] += indexer.snapshots.installed
-                values["snapshots_failed"] += indexer.snapshots.failed
             if learner is not None:
                 values["token_lookups_failed"] += learner.failed
                 values["session_lookups_dropped"] += learner.sessions_dropped
-                if learner.share is not None:
-                    values["sessions_shared"] += learner.share.shared
-                    values["sessions_adopted"] += learner.share.adopted
-                    values["session_shares_dropped"] += learner.share.dropped
-                    values["session_share_resets"] += learner.share.resets
-                    values["session_records_skipped"] += learner.share.bad
         for url, tokens in workers.items():
             known.add_metric([url], float(tokens is not None))
             if tokens is not None:

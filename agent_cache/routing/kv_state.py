@@ -30,22 +30,19 @@ Bounded: a worker's resident tokens are capped (``max_tokens``); past the cap th
 worker's state is dropped and it counts as unknown until its next
 ``AllBlocksCleared``. A gap in a worker's sequence numbers (lost events,
 a subscriber behind its publisher's high-water mark) makes it unknown too,
-until a replay fills the gap, the worker restarts, or another router
-process's snapshot of it is taken up (:meth:`KvState.install`, with the
-batches kept meanwhile: ``kv_pending.py``). An unknown worker falls back to
-the router's own marks. Thread-safe: a subscriber thread
-applies batches while routes read.
+until a replay fills the gap or the worker restarts. An unknown worker falls
+back to the router's own marks. Thread-safe: a subscriber thread applies
+batches while routes read.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Sequence
 
 from agent_cache.kv_events import DEVICE_MEDIUMS, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from agent_cache.routing.kv_anchors import anchors_at, fingerprint
-from agent_cache.routing.kv_pending import DEFAULT_MAX_PENDING_WEIGHT, PendingBatches
 from agent_cache.store.base import WorkerSpec
 
 HOLD_FRACTION = 0.75
@@ -62,32 +59,9 @@ class _Worker:
     page_size: int = 1  # tokens a page (the events' block_size)
     tokens: int = 0
     seq: int | None = None  # the last sequence number applied
-    ts: float = 0.0  # the timestamp of that batch: with ``seq``, names it (a restarted worker numbers from 0 again)
-    known: bool = False  # an AllBlocksCleared (or a snapshot) was seen and no event was lost since
-    pending: PendingBatches = field(default_factory=PendingBatches)  # while unknown: its latest batches
+    known: bool = False  # an AllBlocksCleared was seen and no event was lost since
     stored: int = 0  # pages
     removed: int = 0  # pages
-
-
-class SessionPrint(NamedTuple):
-    """A session's latest step as learnt: where it ran and the anchors of its prefix's two ends."""
-
-    worker: str
-    tail: tuple[int, ...]  # anchors of the end of its last message
-    head: tuple[int, ...]  # anchors of the start of its first message after the template
-    head_text: int  # that message's start, hashed (``kv_tokens.text_key``): the same in every process
-    at: float = 0.0  # when the step was served (epoch seconds): a record older than the one known is not adopted
-
-
-class WorkerSnapshot(NamedTuple):
-    """A known worker's resident pages as of its batch ``seq`` (timestamp ``ts``): (block hash, copies) each,
-    the anchors of the pages that have some, and the tokens a page."""
-
-    seq: int
-    ts: float
-    page_size: int
-    pages: list[tuple[int, int]]
-    anchored: list[tuple[int, list[int]]]
 
 
 @dataclass(slots=True)
@@ -114,10 +88,6 @@ class KvState:
         self._tails: dict[tuple[int, ...], int] = {}  # fingerprint -> sessions learnt with it (a copy may be any's)
         self._namespaces: set[str | None] = set()  # the extra_keys of the calls annotated (up to two)
         self._lock = threading.Lock()
-        # what is kept of an unknown worker's latest batches for a snapshot (kv_pending.py): off unless
-        # kv_snapshots.py runs
-        self.max_pending_weight = DEFAULT_MAX_PENDING_WEIGHT
-        self.keep_pending_s: float | None = None  # seconds of an unknown worker's batches kept (None: none)
         self.gaps = 0  # batches that arrived after a lost one
         self.overflows = 0  # workers dropped past max_tokens
         self.prefixes_gone = 0  # routes that found the session's worker evicted its latest prefix
@@ -164,23 +134,16 @@ class KvState:
         end of its last message (``tail_ids``) and of the start of its first message after the template
         (``head_ids``; None: the head learnt before, when its text, ``head_text`` hashed, is the same);
         ``at``: when the step was served."""
-        head = None if head_ids is None else fingerprint(head_ids)
-        self._learn((tenant, session_id), SessionPrint(worker, fingerprint(tail_ids), head or (), head_text, at),
-                    keep_head=head_ids is None)
-
-    def adopt_session(self, tenant: str, session_id: str, learnt: "SessionPrint") -> None:
-        """Take a session's step as another router process learnt it (``routing/kv_share.py``), unless a later
-        one is known."""
-        self._learn((tenant, session_id), learnt, keep_head=False)
-
-    def _learn(self, key: tuple[str, str], learnt: "SessionPrint", *, keep_head: bool) -> None:
-        worker, tail, head, head_text, at = learnt
+        key = (tenant, session_id)
+        tail, new_head = fingerprint(tail_ids), None if head_ids is None else fingerprint(head_ids)
         with self._lock:
             known = self._sessions.get(key)
             if known is not None and known.at > at:
-                return  # a later step is known (learnt by another process, or here by a faster ask)
+                return  # a later step is known
             old = self._pop_session(key)  # re-inserted last: the oldest learnt goes first past the bound
-            if keep_head:
+            if new_head is not None:
+                head = new_head
+            else:
                 head = old.head if old is not None and old.head_text == head_text else ()
             if not tail and not head and not head_text:
                 return
@@ -193,14 +156,6 @@ class KvState:
             if old is not None and (old.worker, old.head) == (worker, head):
                 seen = seen or old.head_seen  # the same head there: already seen
             self._sessions[key] = _SessionPrefix(worker, tail, head, head_text, at, seen)
-
-    def session_print(self, tenant: str, session_id: str) -> "SessionPrint | None":
-        """What is learnt of the session's latest step (None: nothing)."""
-        with self._lock:
-            known = self._sessions.get((tenant, session_id))
-            if known is None:
-                return None
-            return SessionPrint(known.worker, known.tail, known.head, known.head_text, known.at)
 
     def session_head(self, tenant: str, session_id: str) -> int | None:
         """The hash of the head text learnt for the session, even one without an anchor (None: none)."""
@@ -249,12 +204,6 @@ class KvState:
             known = self._sessions.get(key)
             if known is not None and (at is None or known.at <= at):
                 self._pop_session(key)
-
-    def forget_sessions(self) -> None:
-        """Every session's fingerprints forgotten (records shared by other processes were missed)."""
-        with self._lock:
-            self._sessions.clear()
-            self._tails.clear()
 
     @property
     def sessions(self) -> int:
@@ -319,67 +268,11 @@ class KvState:
             w = self._workers.get(url)
             if w is not None:
                 self._clear(w)
-                w.pending.clear()
                 w.known, w.seq = False, None
 
     def forget(self, url: str) -> None:
         with self._lock:
             self._workers.pop(url, None)
-
-    # --- snapshots: a worker known here, taken up by a process that is not (kv_snapshots.py) ---
-
-    def snapshot(self, url: str) -> WorkerSnapshot | None:
-        """The worker's resident pages as of the last batch applied (None: not known here)."""
-        with self._lock:
-            w = self._workers.get(url)
-            if w is None or not w.known or w.seq is None:
-                return None
-            return WorkerSnapshot(w.seq, w.ts, w.page_size, list(w.pages.items()),
-                                  [(h, list(found)) for h, found in w.page_anchors.items()])
-
-    def last_batch(self, url: str) -> tuple[int, float] | None:
-        """(sequence number, timestamp) of the last batch applied of a worker known here; None otherwise."""
-        with self._lock:
-            w = self._workers.get(url)
-            return None if w is None or not w.known or w.seq is None else (w.seq, w.ts)
-
-    def install(self, url: str, snap: WorkerSnapshot) -> str:
-        """Take up another process's snapshot of a worker unknown here, then the batches received since.
-
-        Only where this process received the very batch the snapshot was taken at (same number, same
-        timestamp: not a previous run of the worker) and every batch after it: ``installed``. Otherwise
-        nothing changes: ``known`` (nothing to do), ``ahead`` (the snapshot is newer than what was
-        received: try again), ``stale`` (older than the batches kept, or another run's: wait for a newer
-        one) or ``too_large`` (past ``max_tokens``).
-        """
-        with self._lock:
-            w = self._workers.get(url)
-            if w is not None and w.known:
-                return "known"
-            last = None if w is None else w.pending.last_seq
-            if w is None or last is None or snap.seq > last:
-                return "ahead"
-            if sum(n for _, n in snap.pages) * snap.page_size > self.max_tokens:
-                return "too_large"
-            after = w.pending.since(snap.seq, snap.ts)
-            if after is None:
-                return "stale"
-            self._clear(w)
-            w.page_size = snap.page_size
-            w.pages = dict(snap.pages)
-            w.tokens = sum(w.pages.values()) * w.page_size
-            for h, found in snap.anchored:
-                self._add_anchors(w, h, tuple(found))
-            w.known = True
-            for batch in after:
-                self._apply_events(w, batch)
-            w.pending.clear()
-            return "installed" if w.known else "too_large"
-
-    def pending(self) -> list[str]:
-        """The workers unknown here with batches kept for a snapshot."""
-        with self._lock:
-            return [url for url, w in self._workers.items() if not w.known and w.pending]
 
     # --- events ---------------------------------------------------------------------
 
@@ -392,12 +285,8 @@ class KvState:
                 if seq <= w.seq:  # numbering started again: the worker restarted and its first batches were lost
                     self._clear(w)
                 w.known = False  # events were lost: unknown until the worker's next AllBlocksCleared
-            w.seq, w.ts = seq, batch.ts
+            w.seq = seq
             self._apply_events(w, batch)
-            if w.known or self.keep_pending_s is None:
-                w.pending.clear()
-            else:  # kept for a snapshot of the worker taken elsewhere
-                w.pending.keep(seq, batch, seconds=self.keep_pending_s, max_weight=self.max_pending_weight)
 
     def _apply_events(self, w: _Worker, batch: KVEventBatch) -> None:
         chain: list[BlockStored] = []  # stored pages that continue each other, read as one token run

@@ -37,13 +37,10 @@ import hashlib
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from agent_cache.background import Jobs
 from agent_cache.routing.kv_state import KvState
-
-if TYPE_CHECKING:
-    from agent_cache.routing.kv_share import KvShare
 
 log = logging.getLogger(__name__)
 EDGE = 8  # tokens dropped at each end: a merge with the chat template's text around them may differ
@@ -135,9 +132,8 @@ class KvTokens:
 
     def __init__(self, state: KvState, *, api_key: str | None = None,
                  tokenize: Callable[[str, str], Sequence[int]] | None = None,
-                 clock: Callable[[], float] = time.monotonic, share: "KvShare | None" = None) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.state = state
-        self.share = share  # tells the other router processes what is learnt of each session
         self._own = None if tokenize is not None else _SGLangTokenizer(api_key)
         self._tokenize: Callable[[str, str], Sequence[int]] = tokenize or self._own  # type: ignore[assignment]
         self._clock = clock
@@ -206,8 +202,6 @@ class KvTokens:
 
     def _forget(self, tenant: str, session_id: str, at: float) -> None:
         self.state.forget_session(tenant, session_id, at=at)
-        if self.share is not None:
-            self.share.publish(tenant, session_id, at)
 
     def _learn_session(self, tenant: str, session_id: str, text: str, head: str | None, worker: str,
                        at: float) -> None:
@@ -230,14 +224,10 @@ class KvTokens:
             self._failing.pop(worker, None)
             self.state.learn_session(tenant, session_id, ids, worker, head_ids=head_ids, head_text=head_key, at=at)
             self.sessions_learnt += 1
-            if self.share is not None:
-                self.share.publish(tenant, session_id, at)
 
     def close(self) -> None:
-        """Stop asking (and sharing): what is still queued is dropped, the asks under way (if any) end first."""
+        """Stop asking: what is still queued is dropped, the asks under way (if any) end first."""
         self._templates.close()
         self._sessions.close()
-        if self.share is not None:
-            self.share.close()
         if self._own is not None:
             self._own.close()

@@ -69,10 +69,6 @@ template_info = _tenant_key("ti", "Hash: when the template was first seen and it
 template_sessions = _tenant_key("tis", "HyperLogLog of session ids that used the template (bounded memory).")
 
 worker = _named_key("w", "Hash: state, capacity, live session count, prompt and cached token totals.")
-kv_worker = _named_key(
-    "kvw", "String: a worker's resident KV runs as one router process saw them (msgpack; routing/kv_snapshots.py)."
-)
-kv_worker_lock = _named_key("kvwl", "String: which router process writes the worker's KV snapshot this interval.")
 lease = _named_key("lease", "Hash: worker URL -> calls one router (source) has in flight there.")
 
 inflight = _deployment_key("inflight", "Hash: worker URL -> calls in flight (one read gives the whole pool's load).")
@@ -90,9 +86,6 @@ active = _deployment_key(
 workers_set = _deployment_key("workers", "Set: the URL of every worker a session was ever pinned to.")
 templates_in_use = _deployment_key(
     "tu", "Sorted set: template member -> last use (ms); members past the template retention are dropped."
-)
-kv_sessions = _deployment_key(
-    "kvs", "Stream: sessions' prefix fingerprints as router processes learnt them (capped; routing/kv_share.py)."
 )
 outcomes = _deployment_key("outcomes", "Hash: routing outcome -> decisions that had it.")
 usage = _deployment_key("use", "Hash: ``uncached`` prompt tokens of every reported call, summed, and ``calls`` reported.")

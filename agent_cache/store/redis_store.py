@@ -269,37 +269,6 @@ class RedisStore:
     def ping(self) -> None:
         self._call(self._client.ping)
 
-    # --- sessions' prefix fingerprints, shared by the router processes (routing/kv_share.py) ---
-
-    def append_session_print(self, record: str, max_records: int) -> None:
-        """Append one record to the deployment's stream, keeping about its last ``max_records``."""
-        key = keys.kv_sessions(self.prefix)
-        self._call(lambda: self._client.xadd(key, {"r": record}, maxlen=max_records, approximate=True))
-
-    def session_prints(self, since: str, count: int) -> list[tuple[str, str]]:
-        """Up to ``count`` records from id ``since`` on, ``since`` itself included when still held (``-``: from
-        the oldest held): (id, record) pairs, oldest first."""
-        key = keys.kv_sessions(self.prefix)
-        found = self._call(lambda: self._client.xrange(key, since, "+", count=count))
-        return [(_text(i), _text(fields.get(b"r", fields.get("r", b"")))) for i, fields in found]
-
-    # --- workers' resident KV runs, shared by the router processes (routing/kv_snapshots.py) ---
-
-    def claim_worker_snapshot(self, url: str, source: str, seconds: float) -> bool:
-        """True when ``source`` is the one process to write ``url``'s snapshot for the next ``seconds``."""
-        key = keys.kv_worker_lock(self.prefix, url)
-        return bool(self._call(lambda: self._client.set(key, source, nx=True, px=max(1, int(seconds * 1000)))))
-
-    def put_worker_snapshot(self, url: str, blob: bytes, ttl: float) -> None:
-        """Store ``url``'s snapshot, gone after ``ttl`` s unless written again."""
-        key = keys.kv_worker(self.prefix, url)
-        self._call(lambda: self._client.set(key, blob, px=max(1, int(ttl * 1000))))
-
-    def worker_snapshot(self, url: str) -> bytes | None:
-        key = keys.kv_worker(self.prefix, url)
-        found = self._call(lambda: self._client.get(key))
-        return None if found is None else bytes(found)
-
     def close(self) -> None:
         self._client.close()
 
@@ -379,10 +348,6 @@ def _release_args(releases: ReleaseBatch | Mapping[str, int] | None, source: str
     for url, total in releases.totals.items():
         out += [url, int(total), int(releases.deltas[url])]
     return out
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 __all__ = ["RedisStore", "validate_redis_url", "delete_deployment"]

@@ -49,8 +49,7 @@ def test_the_cost_measure_runs_on_a_tiny_input() -> None:
     from agent_cache.bench.kv_cost import measure
 
     m = measure(tokens=2_000, node=500)
-    assert m["events"] == 2 and m["decode_us_per_event"]  # the reset, then 0.5.23's merged stores > 0 and m["index_us_per_token"] > 0
+    assert m["events"] == 2  # the reset, then 0.5.23's merged stores
+    assert m["decode_us_per_event"] > 0 and m["index_us_per_token"] > 0
     # a count per resident page hash and the anchors: never the tokens (which would add 30+ bytes a token)
     assert 0 < m["state_bytes_per_token"] < 120
-    # the snapshot in the store: a page hash and a count each, and the anchors
-    assert 0 < m["snapshot_bytes_per_token"] < 16 and m["snapshot_take_up_ms"] >= 0
