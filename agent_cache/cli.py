@@ -69,7 +69,7 @@ def _positive(kind: type[_Num]) -> Callable[[str], _Num]:
 def _kv_event_sources(text: str) -> Any:
     import importlib.util
 
-    from agent_cache.routing.kv_indexer import parse_sources
+    from agent_cache.kv import parse_sources
 
     from agent_cache.errors import ConfigError
 

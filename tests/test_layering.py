@@ -171,6 +171,49 @@ def test_no_import_circles_among_agent_cache_modules() -> None:
     assert circles == [], "import circles: " + "; ".join(" -> ".join(c) for c in circles)
 
 
+def test_the_kv_package_is_reached_through_its_construction_point_and_its_wire_format_only() -> None:
+    """``agent_cache/kv/`` (the KV event path, optional) is reached from outside through the package itself (its
+    construction point, ``KvView``) and ``kv.events`` (SGLang's wire format, which the simulator publishes);
+    the router and the call pipeline import none of it (they know only ``routing.cache_view.CacheView``), and
+    it imports nothing above it (the router, the doors, the call pipeline, the benchmark, the simulator)."""
+    public = {"agent_cache.kv", "agent_cache.kv.events"}
+    above = ("agent_cache.routing.router", "agent_cache.routing.lifecycle", "agent_cache.calls", "agent_cache.gateway",
+             "agent_cache.langchain", "agent_cache.bench", "agent_cache.sim", "agent_cache.cli")
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        imported = _imports(path)
+        if rel.startswith("kv/"):
+            assert not any(m.startswith(above) for m in imported), (rel, sorted(m for m in imported if m.startswith(above)))
+            continue
+        kv = {m for m in imported if m == "agent_cache.kv" or m.startswith("agent_cache.kv.")}
+        assert kv <= public, (rel, sorted(kv - public))
+        if rel.startswith(("routing/", "calls/", "placement/", "store/", "templates/", "backends/")):
+            assert not kv, (rel, sorted(kv))
+
+
+def test_agent_cache_and_its_kv_package_import_without_the_kv_extra() -> None:
+    """pyzmq and msgpack are the ``kv`` extra: without them everything imports, a view is made and given to a
+    router, and only subscribing says what is missing, naming the option."""
+    probe = """
+import sys
+sys.modules["zmq"] = sys.modules["msgpack"] = None  # not installed
+import agent_cache, agent_cache.kv, agent_cache.kv.events, agent_cache.sim, agent_cache.gateway
+from agent_cache.errors import ConfigError
+from agent_cache.kv import KvView, parse_sources
+from agent_cache.routing import Router
+view = KvView(parse_sources("http://w0:30000=tcp://w0:5557"))
+router = Router(["http://w0:30000"], probe_interval=None, kv_events=view)
+try:
+    view.start()
+except ConfigError as exc:
+    print(exc.field, "agent-cache[kv]" in str(exc))
+router.close()
+view.close()
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["kv_events", "True"], out.stderr[-2000:]
+
+
 def test_nothing_on_a_calls_path_imports_the_sglang_harness() -> None:
     """The real-SGLang harness serves tests and the benchmark; the product never needs it."""
     for path in PACKAGE.rglob("*.py"):

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from agent_cache.bench.policies import Dispatch, RoutingPolicy
 from agent_cache.bench.workloads import CallSpec, SessionSpec
-from agent_cache.routing.kv_tokens import HEAD_MIN_TOKENS, TAIL_TOKENS
+from agent_cache.kv import KvView
 from agent_cache.sim.latency import DEFAULT_LATENCY, LatencyModel
 from agent_cache.sim.kv_publisher import DECODE_LOG_INTERVAL
 from agent_cache.sim.radix import RadixCache
@@ -54,6 +54,8 @@ _ARRIVE, _PASS_DONE = 0, 1
 # (time, seq, kind, payload): the payload is a _Sess (_ARRIVE) or (worker index, Iteration) (_PASS_DONE)
 _Event = tuple[float, int, int, Any]
 _ORACLE_TOKENS = 1 << 50
+# what the KV view asks a worker to tokenize of a call, in tokens at about 4 characters a token
+TAIL_TOKENS, HEAD_MIN_TOKENS = KvView.TAIL_CHARS // 4, KvView.HEAD_MIN_CHARS // 4
 
 
 @dataclass(frozen=True)
@@ -242,7 +244,7 @@ def simulate(sessions: Sequence[SessionSpec], policy: RoutingPolicy, cfg: FleetC
                 if kv:
                     dispatch.template_token_ids = prompt[: dispatch.template_tokens]
                     # what the session added since its previous call: the prompt's last message, its end
-                    # only, as the gateway asks a worker for it (routing/kv_tokens.py)
+                    # only, as the gateway asks a worker for it (KvView.TAIL_CHARS)
                     start = max(reusable, dispatch.template_tokens, len(prompt) - TAIL_TOKENS)
                     dispatch.last_message_ids = prompt[start:]
                     # and the start of its own part once that is long enough for an anchor (the gateway's

@@ -3,8 +3,8 @@
 Builds 200,000 single-token pages (SGLang's page size 1) in a radix cache
 with events on, in the newest release's format (stores that continue each
 other merged into one event), then times decoding the
-published payload (:func:`agent_cache.kv_events.decode_batch`) and applying
-it (:meth:`agent_cache.routing.kv_state.KvState.apply`); then what the state
+published payload (:func:`agent_cache.kv.events.decode_batch`) and applying
+it (:meth:`agent_cache.kv.KvView.apply`, as the subscriber does); then what the state
 keeps of them, in bytes a resident token (``tracemalloc``, the payload decoded
 again and applied while tracing, as the subscriber feeds it).
 """
@@ -17,8 +17,8 @@ import random
 import time
 import tracemalloc
 
-from agent_cache.kv_events import KVEventBatch, decode_batch, encode_batch
-from agent_cache.routing.kv_state import KvState
+from agent_cache.kv.events import KVEventBatch, decode_batch, encode_batch
+from agent_cache.kv import KvView
 from agent_cache.sim.radix import RadixCache
 from agent_cache.sim.versions import LATEST_VERSION, SGLangVersion
 
@@ -36,15 +36,15 @@ def measure(tokens: int = 200_000, node: int = 2_000, seed: int = 0) -> dict[str
     t0 = time.perf_counter()
     batch = decode_batch(payload)
     t1 = time.perf_counter()
-    KvState().apply("worker", 0, batch)
+    KvView().apply("worker", 0, batch)
     t2 = time.perf_counter()
     n_events = len(events)
     del batch, events, cache
     gc.collect()
     tracemalloc.start()
     try:
-        state = KvState()
-        state.apply("worker", 0, decode_batch(payload))
+        view = KvView()
+        view.apply("worker", 0, decode_batch(payload))
         gc.collect()
         kept = tracemalloc.get_traced_memory()[0]
     finally:
@@ -52,7 +52,7 @@ def measure(tokens: int = 200_000, node: int = 2_000, seed: int = 0) -> dict[str
     return {"events": float(n_events), "decode_us_per_event": (t1 - t0) / n_events * 1e6,
             "decode_us_per_token": (t1 - t0) / tokens * 1e6,
             "index_us_per_token": (t2 - t1) / tokens * 1e6, "payload_bytes_per_event": len(payload) / n_events,
-            "state_bytes_per_token": kept / max(1, state.cached_tokens("worker") or 0)}
+            "state_bytes_per_token": kept / max(1, view.state.cached_tokens("worker") or 0)}
 
 
 def main(argv: list[str] | None = None) -> int:

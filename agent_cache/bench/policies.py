@@ -22,11 +22,10 @@ import random
 import uuid
 from typing import Any, Protocol, Sequence
 
-from agent_cache.kv_events import KVEventBatch
+from agent_cache.kv import KvView
+from agent_cache.kv.events import KVEventBatch
 from agent_cache.placement.rule import Policy
 from agent_cache.routing.config import session_key
-from agent_cache.routing.kv_state import KvState
-from agent_cache.routing.kv_tokens import trim_edges
 from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.store.base import MetadataStore
 from agent_cache.store.memory import MemoryStore
@@ -232,9 +231,9 @@ class AgentCacheKv(AgentCache):
     def __init__(self, workers: int, replicas: int = 1, seed: int = 0, *, capacity: int = 400_000,
                  redis_url: str | None = None, policy: Policy | None = None) -> None:
         super().__init__(workers, replicas, seed, capacity=capacity, redis_url=redis_url, policy=policy)
-        self.kv = KvState()
+        self.kv = KvView()  # fed here as its subscriber and its token learner would feed it
         for r in self.routers:
-            r.kv_events = self.kv  # one subscriber's state, as every replica's indexer would build alike
+            r.kv_events = self.kv  # one view, as every replica's would build alike from the same events
         self._seq = [0] * workers
         self._learnt: set[str] = set()
 
@@ -242,21 +241,25 @@ class AgentCacheKv(AgentCache):
         tid = call.template_id
         if tid and tid not in self._learnt and call.template_token_ids:
             self._learnt.add(tid)
-            self.kv.learn_template(tid, call.template_token_ids)
+            self.kv.learn_template_ids(tid, call.template_token_ids)
         return super().route(call, fleet)
 
     def completed(self, call: Dispatch, worker: int, prompt_tokens: int, cached_tokens: int) -> None:
         super().completed(call, worker, prompt_tokens, cached_tokens)
-        # what the gateway learns from the worker's /tokenize of the call's last message (calls/served.py)
-        self.kv.learn_session(call.tenant, session_key(call.session_id), trim_edges(call.last_message_ids),
-                              self.urls[worker], head_ids=trim_edges(call.first_message_ids))
+        # what the gateway learns from the worker's /tokenize of the call's last message (KvView.learn)
+        self.kv.learn_session_ids(call.tenant, session_key(call.session_id), self.urls[worker],
+                                  call.last_message_ids, call.first_message_ids)
 
     def kv_batch(self, worker: int, events: list[Any]) -> None:
         self.kv.apply(self.urls[worker], self._seq[worker], KVEventBatch(self.now, events))
         self._seq[worker] += 1
 
     def kv_counts(self) -> dict[str, int]:
-        return {"event_gaps": self.kv.gaps, "prefixes_gone": self.kv.prefixes_gone}
+        return {"event_gaps": self.kv.state.gaps, "prefixes_gone": self.kv.state.prefixes_gone}
+
+    def close(self) -> None:
+        super().close()
+        self.kv.close()
 
 
 class AgentCacheRenamed(AgentCache):

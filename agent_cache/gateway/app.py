@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from prometheus_client import REGISTRY, CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 from starlette.applications import Starlette
@@ -55,13 +55,13 @@ from agent_cache.gateway.forward import SESSION_HEADER, WORKER_HEADER, Forward
 from agent_cache.gateway.requests import CHAT, COMPLETIONS, GENERATE, find_session, parse_json_body, prepare
 from agent_cache.gateway.responses import JSONResponse, bounded
 from agent_cache.routing.conversation import conversation_session
-from agent_cache.routing.kv_indexer import KvIndexer
-from agent_cache.routing.kv_metrics import KV_METRICS
-from agent_cache.routing.kv_state import KvState
 from agent_cache.routing.router import Router
 from agent_cache.telemetry import tracing
 from agent_cache.templates import Templater, TemplateRegistry
 from agent_cache.templates.templater import encoder
+
+if TYPE_CHECKING:
+    from agent_cache.kv import KvView
 
 logger = logging.getLogger("agent_cache.gateway")
 
@@ -144,13 +144,18 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig, router: Router | None = None) -> None:
         self.config = config
-        kv = None if config.kv_events is None else KvState()  # followed by an indexer, started last
+        kv: KvView | None = None
+        if config.kv_events is not None:  # the workers' caches from their events (agent_cache.kv), started last
+            from agent_cache.kv import KvView
+
+            kv = KvView(config.kv_events, api_key=config.worker_api_key)
         self.router = router if router is not None else Router(
             config.workers, redis_url=config.redis_url, prefix=config.prefix, probe_interval=config.probe_interval,
             max_attempts=config.max_attempts, first_byte_floor=config.first_byte_floor,
             allow_empty=bool(config.fleet.dns), kv_events=kv)
         if kv is not None and self.router.kv_events is not kv:
-            raise ConfigError("kv_events", "the router given has its own KvState: feed it a KvIndexer instead")
+            raise ConfigError("kv_events", "the router given cannot take the gateway's KV events: give it "
+                                           "kv_events=KvView(...) and leave kv_events out of the config")
         self.registry = TemplateRegistry(self.router.store)
         self.fleet = fleet_for(config.redis_url, config.prefix, self.router, config.fleet)
         self.metrics = _process_metrics()
@@ -159,15 +164,12 @@ class Gateway:
         self.inflight = 0
         self._tenant_inflight: dict[str, int] = {}  # calls in flight per tenant (concurrency= of the keys file)
         self.limits = RateLimits(config.redis_url, config.prefix)  # rpm= and tpm= of the keys file
-        served = Served.for_router(self.registry, self.router, api_key=config.worker_api_key)
+        served = Served.for_router(self.registry, self.router)
         self.forward = Forward(self.router, self.transport, served, self.limits,
                                timeout=config.timeout, max_attempts=config.max_attempts,
                                early_sends=self.metrics.early_sends,
                                count=lambda path, status: self.metrics.requests.labels(path, status).inc())
-        self.kv_indexer = None
-        if config.kv_events is not None and kv is not None:
-            self.kv_indexer = KvIndexer(kv, config.kv_events).start()
-            KV_METRICS.add(self.kv_indexer, served.template_tokens)
+        self.kv = None if kv is None else kv.start()  # the subscriber's thread, and the KV series on /metrics
 
     # --- pieces -----------------------------------------------------------------
 
@@ -351,10 +353,9 @@ class Gateway:
         await self.limits.aclose()
         await asyncio.to_thread(self.fleet.stop)
         await self.transport.aclose()
-        await asyncio.to_thread(self.forward.served.close)  # the registry, and the learner with KV events
-        if self.kv_indexer is not None:
-            KV_METRICS.remove(self.kv_indexer)
-            await asyncio.to_thread(self.kv_indexer.close)
+        await asyncio.to_thread(self.forward.served.close)  # the registry's last writes
+        if self.kv is not None:
+            await asyncio.to_thread(self.kv.close)  # the subscriber and the token learner
         await self.router.aclose()
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from agent_cache.backends.request_check import TENANT_FIELDS
 from agent_cache.errors import ConfigError
@@ -11,9 +11,11 @@ from agent_cache.gateway.keys import ApiKey
 from agent_cache.routing.config import parse_workers
 from agent_cache.routing.first_byte import DEFAULT_FLOOR
 from agent_cache.routing.fleet import FleetConfig
-from agent_cache.routing.kv_indexer import EventSource
 from agent_cache.store.base import DEFAULT_PREFIX
 from agent_cache.templates.templater import TemplateMode
+
+if TYPE_CHECKING:
+    from agent_cache.kv import EventSource
 
 DEFAULT_SESSION_HEADER = "x-session-id"
 DEFAULT_MAX_CONCURRENCY = 1024  # calls in flight per gateway process; more get 503 with Retry-After
@@ -74,9 +76,11 @@ class GatewayConfig:
         if self.transport not in TRANSPORTS:
             raise ConfigError("transport", f"expected one of {list(TRANSPORTS)}, got {self.transport!r}")
         if self.kv_events is not None:
+            from agent_cache.kv import EventSource
+
             if not isinstance(self.kv_events, Mapping) or not all(
                     isinstance(v, EventSource) for v in self.kv_events.values()):
-                raise ConfigError("kv_events", "expected worker URL -> EventSource (see routing.kv_indexer)")
+                raise ConfigError("kv_events", "expected worker URL -> EventSource (agent_cache.kv.parse_sources)")
             urls = {w.url for w in parsed}
             strangers = sorted(set(self.kv_events) - urls)
             if strangers:

@@ -155,7 +155,7 @@ class ChatSGLang(BaseChatModel):
             self._check_options(router)
             self._trace = TraceWriter(self.trace_path) if self.trace_path is not None else None
             self._registry = TemplateRegistry(router.store)  # templates of served calls, recorded after them
-            self._served = Served.for_router(self._registry, router, self._trace, api_key=self._key())
+            self._served = Served.for_router(self._registry, router, self._trace)
         except ConfigError:
             if self.router is None:
                 router.close()

@@ -40,7 +40,7 @@ from agent_cache.routing.degraded import StoreAvailability, logger
 from agent_cache.placement.hashing import pool_for_session, rendezvous_pick
 from agent_cache.routing.first_byte import DEFAULT_FACTOR, DEFAULT_FLOOR, FirstByteDeadlines
 from agent_cache.routing.health import CLOSED, HealthTracker
-from agent_cache.routing.kv_state import KvState
+from agent_cache.routing.cache_view import CacheView
 from agent_cache.routing.lifecycle import CallLifecycle
 from agent_cache.routing.metrics import RouterMetrics
 from agent_cache.routing.outbox import Outbox
@@ -91,6 +91,9 @@ class Router(AsyncFace):
     with a store behind a network (Redis), a finished call's in-flight count
     rides on this router's next store write, or is written by a background
     thread after at most this many seconds (``0``: its own round trip at once).
+    ``kv_events``: the workers' caches as their KV events show them, a
+    :class:`~agent_cache.routing.cache_view.CacheView` (``agent_cache.kv.KvView``):
+    each route's workers are marked from it; its maker closes it.
     """
 
     def __init__(
@@ -114,13 +117,16 @@ class Router(AsyncFace):
         clock: Callable[[], float] = time.time,
         release_delay: float = DEFAULT_RELEASE_DELAY, lease: float = DEFAULT_LEASE,
         first_byte_floor: float = DEFAULT_FLOOR,
-        first_byte_factor: float = DEFAULT_FACTOR, kv_events: KvState | None = None,  # KV events: docs/routing.md
+        first_byte_factor: float = DEFAULT_FACTOR, kv_events: CacheView | None = None,  # agent_cache.kv.KvView
         allow_empty: bool = False,  # start with no worker: they are added later (discovery, admin)
     ) -> None:
         self._workers: list[WorkerConfig] = parse_workers(workers, allow_empty=allow_empty)
         self._pools = parse_pools(pools, {w.pool for w in self._workers})
         if store is not None and redis_url is not None:
             raise ConfigError("store", "pass either store or redis_url, not both")
+        if kv_events is not None and not isinstance(kv_events, CacheView):
+            raise ConfigError("kv_events", f"expected the workers' KV events followed, agent_cache.kv.KvView(...), "
+                                           f"got {type(kv_events).__name__} (docs/routing.md, \"KV events\")")
         check_router_args(max_attempts, probe_interval, release_delay, lease)
         if redis_url is not None:
             from agent_cache.store.redis_store import RedisStore
@@ -145,7 +151,8 @@ class Router(AsyncFace):
         self.recent = RecentWorkers()
         self.metrics = RouterMetrics(registry)
         self.passive = PassiveHealth(self.health, self.metrics, lambda: self._workers)
-        self._clock, self.kv_events = clock, kv_events  # template holders from the workers' KV events
+        self._clock = clock
+        self.kv_events = kv_events  # the workers' caches as their KV events show them (routing/cache_view.py)
         self.lease = lease
         self.outbox = Outbox(self.store, self.availability, self._store_failed, clock, release_delay, lease)
         self.prober = Prober(lambda: self._workers, self.health, self.metrics, self._capacity, self._config_changed,
@@ -256,7 +263,7 @@ class Router(AsyncFace):
         pool, kv, tid = self.pool_for(request), self.kv_events, request.template_id
         specs, sid = self.specs(pool, exclude, trials), session_key(request.session_id)
         if kv is not None:  # the route's workers marked (template held / lacks, session gone) as their events tell
-            specs = kv.annotate(tid, specs, namespace=self.extra_key_for(request.tenant), session=(request.tenant, sid))
+            specs = kv.mark(specs, tid, namespace=self.extra_key_for(request.tenant), session=(request.tenant, sid))
         return RouteQuery(request.tenant, sid, tid, pool, specs, request.prompt_tokens_estimate)
 
     def _degraded(self, request: RouteRequest, query: RouteQuery) -> Placement:

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from agent_cache.kv_events import (
+from agent_cache.kv.events import (
     EventFormat,
     KVEvent,
     KVEventBatch,

@@ -18,7 +18,7 @@ Behaviour copied from SGLang (``srt/mem_cache/radix_cache.py``):
   SGLang's ``evictable_size_``;
 * with ``enable_kv_events``, every store, eviction and reset is queued as
   SGLang's KV events for :meth:`RadixCache.take_events`, in the release's
-  format (``kv_format``; see :mod:`agent_cache.kv_events`): 0.5.4's per-page
+  format (``kv_format``; see :mod:`agent_cache.kv.events`): 0.5.4's per-page
   events with a page's own hash, a split sent as a removal and two stores;
   from 0.5.6, SHA-256 chain hashes and nothing on a split (0.5.6's removal
   of a split node's pages is not copied); from 0.5.15 and 0.5.18,
@@ -32,7 +32,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from agent_cache.kv_events import (
+from agent_cache.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

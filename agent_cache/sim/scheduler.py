@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from agent_cache.sim.latency import DEFAULT_LATENCY, LatencyModel
-from agent_cache.kv_events import EventFormat
+from agent_cache.kv.events import EventFormat
 from agent_cache.sim.versions import LATEST_VERSION, SGLangVersion
 from agent_cache.sim.radix import RadixCache, _Node
 

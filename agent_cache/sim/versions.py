@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from agent_cache.kv_events import EventFormat
+    from agent_cache.kv.events import EventFormat
 
 SUPPORTED_VERSIONS = tuple(f"0.5.{n}" for n in range(1, 24))
 LATEST_VERSION = SUPPORTED_VERSIONS[-1]
@@ -36,7 +36,7 @@ FEATURES: dict[Feature, tuple[int, int | None]] = {
     "zero_cached_tokens": (22, None),  # ``prompt_tokens_details: {"cached_tokens": 0}``; null before
     "retractions": (5, 10),  # ``meta_info.total_retractions``
     "output_delta": (1, 5),  # streamed ``/generate`` chunks carry only the new ``output_ids``
-    # KV events (kv_events.py, read from every release's wheel)
+    # KV events (kv/events.py, read from every release's wheel)
     "kv_chain_hashes": (6, None),  # SHA-256 chain hashes, parents named, nothing sent on a split (0.5.6: a removal)
     "kv_medium": (9, None),  # a trailing ``medium``
     "kv_merged_removes": (15, None),  # a node's removed pages in one event
@@ -71,7 +71,7 @@ class SGLangVersion:
     @property
     def kv_event_format(self) -> "EventFormat":
         """How this release publishes its KV events."""
-        from agent_cache.kv_events import FORMAT_ARRAYS, FORMAT_ARRAYS_MEDIUM, FORMAT_MAPS, EventFormat
+        from agent_cache.kv.events import FORMAT_ARRAYS, FORMAT_ARRAYS_MEDIUM, FORMAT_MAPS, EventFormat
 
         encoding = FORMAT_MAPS if self.has("kv_event_maps") else \
             FORMAT_ARRAYS_MEDIUM if self.has("kv_medium") else FORMAT_ARRAYS

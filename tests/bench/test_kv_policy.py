@@ -14,8 +14,8 @@ def test_the_kv_policy_learns_every_worker_and_sends_only_the_sessions_calls() -
     assert isinstance(pol, AgentCacheKv)
     res = simulate(ss, pol, cfg)
     assert res.sessions_done == 40 and res.calls > 40
-    assert all(pol.kv.known(u) for u in pol.urls) and pol.kv.gaps == 0 and res.kv_events["event_gaps"] == 0
-    assert sum(pol.kv.cached_tokens(u) or 0 for u in pol.urls) > 0
+    assert all(pol.kv.state.known(u) for u in pol.urls) and pol.kv.state.gaps == 0 and res.kv_events["event_gaps"] == 0
+    assert sum(pol.kv.state.cached_tokens(u) or 0 for u in pol.urls) > 0
     (plain,) = make_policies(["agent-cache"], 3, 1, 0, capacity=60_000)
     assert simulate(ss, plain, cfg).calls == res.calls
 
@@ -27,8 +27,8 @@ def test_the_kv_policy_learns_sessions_last_messages_and_finds_evicted_prefixes_
     assert isinstance(pol, AgentCacheKv)
     res = simulate(ss, pol, cfg)
     assert res.sessions_done == 60 and res.evicted_tokens > 0
-    assert pol.kv.sessions > 0  # last messages fingerprinted as the workers tokenize them
-    assert pol.kv.prefixes_gone > 0  # and some found evicted before the session's next step
+    assert pol.kv.state.sessions > 0  # last messages fingerprinted as the workers tokenize them
+    assert pol.kv.state.prefixes_gone > 0  # and some found evicted before the session's next step
 
 
 def test_the_renamed_router_differs_from_agent_cache_only_where_a_tie_is_broken() -> None:

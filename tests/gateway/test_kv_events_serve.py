@@ -110,7 +110,7 @@ def test_the_gateway_learns_a_sessions_last_message_and_finds_it_evicted(workers
 def test_publishers_are_named_by_the_workers_urls_as_the_gateway_normalises_them() -> None:
     from agent_cache.errors import ConfigError
     from agent_cache.gateway import GatewayConfig
-    from agent_cache.routing.kv_indexer import parse_sources
+    from agent_cache.kv import parse_sources
 
     sources = parse_sources("http://w0:30000/v1=tcp://w0:5557")
     GatewayConfig([{"url": "http://w0:30000/v1/", "pool": "big"}], kv_events=sources)  # the same worker

@@ -19,10 +19,10 @@ import pytest
 import zmq
 
 from agent_cache.bench.realfleet import AgentCacheGateways, Processes
-from agent_cache.kv_events import chain_hashes
+from agent_cache.kv.events import chain_hashes
 from agent_cache.processes import wait_until
-from agent_cache.routing.kv_indexer import EventSource, KvIndexer
-from agent_cache.routing.kv_state import KvState
+from agent_cache.kv.indexer import EventSource, KvIndexer
+from agent_cache.kv.state import KvState
 from agent_cache.sglang_cpu.workers import RealWorker, wait_idle
 from tests.sglang.conftest import MODEL
 

@@ -17,9 +17,9 @@ from typing import Any, Optional, Union
 import msgspec
 import pytest
 
-from agent_cache.kv_events import FORMAT_ARRAYS_MEDIUM, FORMAT_MAPS, KVEventBatch, decode_batch, encode_batch
+from agent_cache.kv.events import FORMAT_ARRAYS_MEDIUM, FORMAT_MAPS, KVEventBatch, decode_batch, encode_batch
 from agent_cache.sim.versions import SGLangVersion
-from agent_cache.routing.kv_state import KvState
+from agent_cache.kv.state import KvState
 from agent_cache.sim.radix import RadixCache
 
 

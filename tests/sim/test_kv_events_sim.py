@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from agent_cache.bench.realfleet import free_port
-from agent_cache.kv_events import (
+from agent_cache.kv.events import (
     AllBlocksCleared as OurCleared,
     BlockRemoved as OurRemoved,
     BlockStored as OurStored,

@@ -40,7 +40,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from agent_cache.background import Jobs
-from agent_cache.routing.kv_state import KvState
+from agent_cache.kv.state import KvState
 
 log = logging.getLogger(__name__)
 EDGE = 8  # tokens dropped at each end: a merge with the chat template's text around them may differ

@@ -1,4 +1,5 @@
-"""The router consumes the workers' KV events: exact template holders, lost events, restarts."""
+"""The router consumes the workers' KV events through its one seam (``KvView``, a ``CacheView``): exact template
+holders, lost events, restarts, evicted sessions."""
 
 from __future__ import annotations
 
@@ -12,19 +13,23 @@ import pytest
 
 from agent_cache.bench.realfleet import free_port, wait_until
 from agent_cache.errors import ConfigError
-from agent_cache.kv_events import KVEventBatch
-from agent_cache.routing.kv_indexer import EventSource, KvIndexer, parse_sources
+from agent_cache.kv import EventSource, KvView, parse_sources
+from agent_cache.kv.events import KVEventBatch
+from agent_cache.kv.indexer import KvIndexer
+from agent_cache.kv.state import KvState
 from agent_cache.placement.hashing import rendezvous_pick
 from agent_cache.routing.config import session_key
-from agent_cache.routing.kv_state import KvState
 from agent_cache.routing.router import Placement, RouteRequest, Router
 from agent_cache.sim import SimWorkerThread, WorkerOptions
 from agent_cache.sim.radix import RadixCache
 from agent_cache.store.base import WorkerSpec
 from agent_cache.store.memory import MemoryStore
-from tests.routing.kv_publisher import random_tokens
 
 W0, W1, W2 = "http://w0", "http://w1", "http://w2"
+
+
+def random_tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(100_000) for _ in range(n)]
 
 
 def _feed(state: KvState, url: str, cache: RadixCache, seq: int) -> int:
@@ -91,17 +96,18 @@ def _route_new(router: Router, tid: str, tenant: str = "default") -> str:
 def test_exact_holders_replace_the_placed_once_marks(backend: str, request: pytest.FixtureRequest) -> None:
     rng = random.Random(2)
     toks = random_tokens(rng, 400)
-    state = KvState()
+    view = KvView()
+    state = view.state
     state.learn_template("t", toks)
     caches = {u: RadixCache(10_000, enable_kv_events=True) for u in (W0, W1, W2)}
     for u, c in caches.items():
         _feed(state, u, c, 0)  # every worker known, empty
     kwargs: dict = {"store": MemoryStore()} if backend == "memory" else {
         "redis_url": request.getfixturevalue("redis_url"), "prefix": f"kvev-{uuid.uuid4().hex[:8]}"}
-    with Router([W0, W1, W2], probe_interval=None, release_delay=0, kv_events=state, **kwargs) as router:
+    with Router([W0, W1, W2], probe_interval=None, release_delay=0, kv_events=view, **kwargs) as router:
         first = _route_new(router, "t")  # nobody holds it: least load
         other = next(u for u in (W0, W1, W2) if u != first)
-        caches[other].insert(toks)  # ... but the events say another worker holds it (say, a prewarm)
+        caches[other].insert(toks)  # ... but the events say another worker holds it now
         _feed(state, other, caches[other], 1)
         assert _route_new(router, "t") == other  # the mark on `first` is overruled: its events show no template
     with Router([W0, W1, W2], probe_interval=None, release_delay=0, **(
@@ -117,11 +123,11 @@ def test_with_two_cache_namespaces_in_play_events_give_only_absence() -> None:
     rng = random.Random(3)
     toks = random_tokens(rng, 400)
 
-    def fleet() -> tuple[KvState, dict[str, RadixCache], dict[str, int]]:
-        state = KvState()
-        state.learn_template("t", toks)
+    def fleet() -> tuple[KvView, dict[str, RadixCache], dict[str, int]]:
+        view = KvView()
+        view.learn_template_ids("t", toks)
         caches = {u: RadixCache(10_000, enable_kv_events=True) for u in (W0, W1, W2)}
-        return state, caches, {u: _feed(state, u, c, 0) for u, c in caches.items()}
+        return view, caches, {u: _feed(view.state, u, c, 0) for u, c in caches.items()}
 
     def new_session(router: Router, tenant: str) -> Placement:
         p = router.route(RouteRequest(f"s-{uuid.uuid4().hex[:8]}", template_id="t", tenant=tenant,
@@ -130,9 +136,10 @@ def test_with_two_cache_namespaces_in_play_events_give_only_absence() -> None:
         return p
 
     for tenants in (["acme"], ["default", "acme"]):
-        state, caches, seqs = fleet()
+        view, caches, seqs = fleet()
+        state = view.state
         with Router([W0, W1, W2], store=MemoryStore(), probe_interval=None, release_delay=0,
-                    kv_events=state) as router:
+                    kv_events=view) as router:
             marked = [new_session(router, t).worker for t in tenants][-1]  # the template's mark is there ...
             elsewhere = next(u for u in (W0, W1, W2) if u != marked)
             caches[elsewhere].insert(toks)  # ... its tokens only elsewhere: whose copy, the events do not say
@@ -246,14 +253,15 @@ def test_an_evicted_session_moves_before_its_next_step_and_a_resident_one_stays(
     caps = {u: 5_000 if u == first else 50_000 for u in urls}
     outcomes: dict[bool, list[str]] = {}
     for events in (True, False):
-        state = KvState()
+        view = KvView()
+        state = view.state
         caches = {u: RadixCache(4_000, enable_kv_events=True) for u in urls}
         seqs = {u: _feed(state, u, c, 0) for u, c in caches.items()}
         kwargs: dict = {"store": MemoryStore()} if backend == "memory" else {
             "redis_url": request.getfixturevalue("redis_url"), "prefix": f"kvs-{uuid.uuid4().hex[:8]}"}
         seen = []
         with Router(urls, probe_interval=None, release_delay=0, capacities=caps,
-                    kv_events=state if events else None, **kwargs) as router:
+                    kv_events=view if events else None, **kwargs) as router:
 
             def step(prompt: int, cached: int) -> Placement:
                 p = router.route(RouteRequest("s1", template_id="t", prompt_tokens_estimate=3_000))
@@ -279,3 +287,24 @@ def test_an_evicted_session_moves_before_its_next_step_and_a_resident_one_stays(
     assert outcomes[True] == ["placed_least_load", "pinned", "moved:evicted"], outcomes
     # without events the miss is found only in the reported usage: the step that missed stays, the next moves
     assert outcomes[False] == ["placed_least_load", "pinned", "pinned"], outcomes
+
+
+def test_a_router_takes_only_a_view_of_the_workers_caches_and_a_view_fed_directly_learns_as_its_learner() -> None:
+    """``Router(kv_events=...)`` takes the seam's shape (``KvView``), not the state inside it; a view fed
+    directly (a simulation knowing the token ids) learns a session's ends less their edges, as from a worker."""
+    with pytest.raises(ConfigError, match="KvView") as err:
+        Router([W0], probe_interval=None, kv_events=KvState())  # type: ignore[arg-type]
+    assert err.value.field == "kv_events"
+    rng = random.Random(7)
+    history, tail = random_tokens(rng, 1_500), random_tokens(rng, 300)
+    view, edged = KvView(), KvState()
+    cache = RadixCache(4_000, enable_kv_events=True)
+    cache.insert(history + tail)
+    view.apply(W0, 0, KVEventBatch(time.time(), cache.take_events()))
+    view.learn_session_ids("default", "s1", W0, tail, history[:300])
+    edged.learn_session("default", "s1", tail[8:-8], W0, head_ids=history[8:292])
+    assert view.state.session_prefix("default", "s1", W0) == "held"
+    assert view.state._sessions[("default", "s1")].tail == edged._sessions[("default", "s1")].tail
+    specs = view.mark((WorkerSpec(W0), WorkerSpec(W1)), None, namespace=None, session=("default", "s1"))
+    assert [s.prefix for s in specs] == ["held", ""]
+    view.close()

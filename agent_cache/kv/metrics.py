@@ -1,6 +1,6 @@
 """Prometheus metrics of the KV event path: what each worker's events say, and how the subscriber keeps up.
 
-Collected from the live indexers of this process when ``/metrics`` is read
+Collected from the live views' indexers of this process when ``/metrics`` is read
 (registered once on prometheus_client's default registry, as the routers'
 metrics are), so nothing runs on a call's path. Two indexers following one
 worker in one process report it once (they read the same events).
@@ -17,17 +17,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from agent_cache.routing.kv_indexer import KvIndexer
-from agent_cache.routing.kv_tokens import KvTokens
+from agent_cache.kv.indexer import KvIndexer
+from agent_cache.kv.tokens import KvTokens
 
 
 class _KvCollector(Collector):
     def __init__(self) -> None:
-        self._parts: "weakref.WeakKeyDictionary[KvIndexer, KvTokens | None]" = weakref.WeakKeyDictionary()
+        self._parts: "weakref.WeakKeyDictionary[KvIndexer, KvTokens]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._registered = False
 
-    def add(self, indexer: KvIndexer, learner: KvTokens | None) -> None:
+    def add(self, indexer: KvIndexer, learner: KvTokens) -> None:
         with self._lock:
             self._parts[indexer] = learner
             if not self._registered:
@@ -66,9 +66,8 @@ class _KvCollector(Collector):
             values["replayed"] += indexer.replayed
             values["gaps"] += indexer.state.gaps
             values["undecodable"] += indexer.bad
-            if learner is not None:
-                values["token_lookups_failed"] += learner.failed
-                values["session_lookups_dropped"] += learner.sessions_dropped
+            values["token_lookups_failed"] += learner.failed
+            values["session_lookups_dropped"] += learner.sessions_dropped
         for url, tokens in workers.items():
             known.add_metric([url], float(tokens is not None))
             if tokens is not None:

@@ -6,8 +6,9 @@ a page's own tokens (equal pages anywhere hash alike: counted, a node split is a
 removal then stores), 0.5.9's per-page events and 0.5.23's coalesced ones with
 SHA-256 chain hashes (one hash per prefix position; a split sends nothing and
 changes no hash, an eviction removes pages in any order). Over the stored
-tokens, content-defined anchors (``kv_anchors.py``), each kept with the page it
-ends in and gone with it; chains of stored pages are read across events (an
+tokens, content-defined anchors (every ``ANCHOR_WINDOW``-token window whose
+hash is 0 modulo ``ANCHOR_EVERY``), each kept with the page it ends in and
+gone with it; chains of stored pages are read across events (an
 event whose parent is the previous event's last page continues it).
 A template's fingerprint is the anchors of its own tokens (a few, spread
 over it);
@@ -41,11 +42,13 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
-from agent_cache.kv_events import DEVICE_MEDIUMS, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
-from agent_cache.routing.kv_anchors import anchors_at, fingerprint
+from agent_cache.kv.events import DEVICE_MEDIUMS, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from agent_cache.store.base import WorkerSpec
 
 HOLD_FRACTION = 0.75
+ANCHOR_WINDOW = 16
+ANCHOR_EVERY = 32
+FINGERPRINT_ANCHORS = 8
 DEFAULT_MAX_TOKENS = 4_000_000  # per worker: 10x a 400k-token KV pool
 DEFAULT_MAX_TEMPLATES = 10_000
 DEFAULT_MAX_SESSIONS = 50_000  # about 60 MB (tracemalloc)
@@ -378,3 +381,32 @@ def _holds(w: _Worker, fp: tuple[int, ...]) -> bool:
 
 def _starts_clear(batch: KVEventBatch) -> bool:
     return bool(batch.events) and isinstance(batch.events[0], AllBlocksCleared)
+
+
+# --- anchors: they depend on the tokens alone (a tuple's hash of integers is the same in every process of one
+# Python version), so a fingerprint of a template's or a session's tokens is found among a worker's resident pages
+
+
+def anchors(tokens: Sequence[int]) -> list[int]:
+    """The content-defined anchor hashes of ``tokens``, in order."""
+    return [h for _, h in anchors_at(tokens)]
+
+
+def anchors_at(tokens: Sequence[int]) -> list[tuple[int, int]]:
+    """(index of its last token, hash) of each content-defined anchor of ``tokens``, in order."""
+    out = []
+    w = ANCHOR_WINDOW
+    for i in range(len(tokens) - w + 1):
+        h = hash(tuple(tokens[i : i + w]))
+        if h % ANCHOR_EVERY == 0:
+            out.append((i + w - 1, h))
+    return out
+
+
+def fingerprint(tokens: Sequence[int]) -> tuple[int, ...]:
+    """Up to ``FINGERPRINT_ANCHORS`` of the anchors of ``tokens``, spread evenly, the last one included."""
+    found = list(dict.fromkeys(anchors(tokens)))
+    if len(found) <= FINGERPRINT_ANCHORS:
+        return tuple(found)
+    step = len(found) / FINGERPRINT_ANCHORS
+    return tuple(found[min(len(found) - 1, int((k + 1) * step) - 1)] for k in range(FINGERPRINT_ANCHORS))

@@ -1,5 +1,5 @@
-"""Templates' tokens learnt from a worker's /tokenize, for both doors: the fingerprint a KvState takes from the
-system prompt's text names the template inside the prompt the worker renders and caches."""
+"""Templates' and sessions' tokens learnt from a worker's /tokenize, for both doors: the fingerprint the state takes
+from the system prompt's text names the template inside the prompt the worker renders and caches."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 
 from agent_cache import ChatSGLang
 from agent_cache.bench.realfleet import free_port, wait_until
-from agent_cache.routing.kv_indexer import KvIndexer, parse_sources
-from agent_cache.routing.kv_state import KvState
-from agent_cache.routing.kv_tokens import EDGE, RETRY_AFTER, KvTokens, system_text
+from agent_cache.kv import KvView, parse_sources
+from agent_cache.kv.state import KvState
+from agent_cache.kv.tokens import EDGE, RETRY_AFTER, KvTokens, system_text
 from agent_cache.routing.router import Router
 from agent_cache.sim import SimWorkerThread, WorkerOptions
 
@@ -51,31 +51,32 @@ def test_a_worker_that_does_not_answer_is_asked_again_only_after_the_retry_time(
 
 
 @contextmanager
-def _chat_model_on_a_worker_with_events() -> Iterator[tuple[SimWorkerThread, KvState, ChatSGLang]]:
+def _chat_model_on_a_worker_with_events() -> Iterator[tuple[SimWorkerThread, KvView, ChatSGLang]]:
     """A sim worker publishing its KV events (with a replay endpoint: the start-up reset is fetched again),
-    followed by an indexer, known to it (an idle flush publishes at once), and a ChatSGLang routed there."""
+    followed by a view, known to it (an idle flush publishes at once), and a ChatSGLang routed there."""
     pub, replay = free_port(), free_port()
     config = {"publisher": "zmq", "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
     worker = SimWorkerThread(WorkerOptions(time_scale=0.0, kv_events_config=json.dumps(config)))
     worker.start()
-    state = KvState()
-    indexer = KvIndexer(state, parse_sources(f"{worker.url}=tcp://127.0.0.1:{pub}|tcp://127.0.0.1:{replay}")).start()
-    router = Router([worker.url], kv_events=state, probe_interval=None)
+    view = KvView(parse_sources(f"{worker.url}=tcp://127.0.0.1:{pub}|tcp://127.0.0.1:{replay}")).start()
+    router = Router([worker.url], kv_events=view, probe_interval=None)
     model = ChatSGLang(router=router, max_tokens=4)
     try:
         with httpx.Client(base_url=worker.url) as client:
-            _until(lambda: client.post("/flush_cache").is_success and state.known(worker.url), "the worker known")
-        yield worker, state, model
+            _until(lambda: client.post("/flush_cache").is_success and view.state.known(worker.url),
+                   "the worker known")
+        yield worker, view, model
     finally:
         model.close()
         router.close()
-        indexer.close()
+        view.close()
         worker.stop()
 
 
 @pytest.mark.parametrize("tools", [None, [{"type": "function", "function": {"name": "sum", "parameters": {}}}]])
 def test_chat_sglang_learns_its_template_and_finds_it_in_the_workers_events(tools) -> None:
-    with _chat_model_on_a_worker_with_events() as (worker, state, model):
+    with _chat_model_on_a_worker_with_events() as (worker, view, model):
+        state = view.state
         llm = model.bind_tools(tools) if tools else model
         answer = llm.invoke([("system", SYSTEM), ("user", "Check the March report.")])
         tid = answer.response_metadata["template_id"]
@@ -91,7 +92,8 @@ def test_chat_sglang_learns_each_steps_last_message_and_the_events_show_it_evict
     """After each served call the session's last message is tokenized by its worker: its fingerprint is
     found resident in the worker's events ("held"), and gone once the worker's cache is flushed."""
     observation = " ".join(f"row {i}: revenue {i * 17 % 89}, cost {i * 5 % 31}, margin ok." for i in range(40))
-    with _chat_model_on_a_worker_with_events() as (worker, state, model):
+    with _chat_model_on_a_worker_with_events() as (worker, view, model):
+        state = view.state
         answer = model.invoke([("system", SYSTEM), ("user", observation)], session_id="s-1")
         sid = answer.response_metadata["session_id"]
         _until(lambda: state.sessions == 1, "the last message learnt")
@@ -99,8 +101,7 @@ def test_chat_sglang_learns_each_steps_last_message_and_the_events_show_it_evict
         with httpx.Client(base_url=worker.url) as client:
             client.post("/flush_cache").raise_for_status()
         _until(lambda: state.session_prefix("default", sid, worker.url) == "gone", "its prefix evicted")
-        learner = model._served.template_tokens
-        assert learner is not None and learner.sessions_learnt == 1 and learner.failed == 0
+        assert view.tokens.sessions_learnt == 1 and view.tokens.failed == 0
 
 
 def test_a_worker_failing_a_sessions_ask_is_not_asked_for_sessions_until_the_retry_time() -> None:
@@ -165,7 +166,7 @@ def test_the_removed_prewarming_options_are_refused_by_name() -> None:
 
 
 def test_a_sessions_last_message_is_its_end_only_and_never_the_template() -> None:
-    from agent_cache.routing.kv_tokens import TAIL_CHARS, last_text
+    from agent_cache.kv.tokens import TAIL_CHARS, last_text
 
     long = "x" * (TAIL_CHARS + 500) + "the newest words"
     assert last_text([{"role": "system", "content": SYSTEM}, {"role": "user", "content": long}]) == long[-TAIL_CHARS:]
@@ -175,7 +176,7 @@ def test_a_sessions_last_message_is_its_end_only_and_never_the_template() -> Non
 
 
 def test_a_sessions_head_is_its_first_message_long_enough_for_an_anchor() -> None:
-    from agent_cache.routing.kv_tokens import HEAD_MIN_CHARS, TAIL_CHARS, head_text
+    from agent_cache.kv.tokens import HEAD_MIN_CHARS, TAIL_CHARS, head_text
 
     question, observation = "What is the capital of Peru?", "Search result: " + "Lima. " * 1_000
     thought = "I should search." * 3

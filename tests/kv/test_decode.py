@@ -9,7 +9,7 @@ import msgpack
 import pytest
 import zmq
 
-from agent_cache.kv_events import (
+from agent_cache.kv.events import (
     FORMAT_ARRAYS,
     FORMAT_ARRAYS_MEDIUM,
     FORMAT_MAPS,
@@ -21,8 +21,8 @@ from agent_cache.kv_events import (
     encode_batch,
     sequence_bytes,
 )
-from agent_cache.routing.kv_indexer import EventSource, KvIndexer
-from agent_cache.routing.kv_state import KvState
+from agent_cache.kv.indexer import EventSource, KvIndexer
+from agent_cache.kv.state import KvState
 
 
 @pytest.mark.parametrize("fmt", [FORMAT_ARRAYS, FORMAT_ARRAYS_MEDIUM, FORMAT_MAPS])

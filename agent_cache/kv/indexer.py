@@ -1,4 +1,4 @@
-"""Subscribes to workers' KV event publishers and feeds a :class:`~agent_cache.routing.kv_state.KvState`.
+"""Subscribes to workers' KV event publishers and feeds a :class:`~agent_cache.kv.state.KvState`.
 
 One background thread, one ZeroMQ SUB socket per worker (connected to the
 endpoint the worker's ``--kv-events-config`` binds, e.g. ``tcp://*:5557``
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from agent_cache.errors import ConfigError
-from agent_cache.kv_events import AllBlocksCleared, decode_batch, sequence_of
-from agent_cache.routing.kv_state import KvState
+from agent_cache.kv.events import AllBlocksCleared, decode_batch, sequence_of
+from agent_cache.kv.state import KvState
 
 log = logging.getLogger(__name__)
 REPLAY_TIMEOUT_MS = 2000

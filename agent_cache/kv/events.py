@@ -21,7 +21,7 @@ servers by the ``sglang`` test tier:
   continues the previous one is merged into it (several hashes, ``block_size`` still the page size).
 * **0.5.20** (``FORMAT_MAPS``): events are maps tagged by ``"type"`` with their fields by name (optional
   ones left out when None). **0.5.22**: a replay answer carries the topic as a frame of its own
-  (``kv_indexer.py``).
+  (``indexer.py``).
 
 Decoding accepts every format in every release; an event it cannot read is a ValueError, which the
 subscriber counts and logs once.
