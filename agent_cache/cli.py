@@ -230,14 +230,14 @@ def _explain(rest: list[str]) -> int:
 def _stats(args: argparse.Namespace) -> int:
     import json
 
-    from agent_cache.errors import ConfigError, StoreError
+    from agent_cache.errors import StoreError
     from agent_cache.redact import redact_url
     from agent_cache.store import RedisStore, format_stats, stats_snapshot
 
     store = RedisStore(args.redis, prefix=args.prefix)
     try:
         snapshot = stats_snapshot(store)
-    except (StoreError, ConfigError) as exc:  # unreachable, or refusing these credentials
+    except StoreError as exc:  # unreachable, or refusing these credentials
         print(f"agent-cache stats: cannot read the store at {redact_url(args.redis)}: {redact_url(exc)}",
               file=sys.stderr)
         return 1

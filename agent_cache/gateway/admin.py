@@ -28,7 +28,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_cache.errors import ConfigError, RequestRejectedError, StoreError
+from agent_cache.errors import ConfigError, StoreError
+from agent_cache.gateway.errors import RequestRejectedError
 from agent_cache.gateway.keys import ApiKey
 from agent_cache.gateway.responses import JSONResponse, bounded
 from agent_cache.routing.config import parse_worker

@@ -26,7 +26,7 @@ from agent_cache.calls import attempt as attempts
 from agent_cache.calls.httpx_transport import HttpxTransport, SyncHttpxTransport
 from agent_cache.calls.prepare import CHAT, Call, prepare
 from agent_cache.calls.served import Served
-from agent_cache.errors import ConfigError, TemplateError
+from agent_cache.errors import ConfigError, InvalidRequestError, TemplateError
 from agent_cache.routing.config import check_tenant
 from agent_cache.routing.lifecycle import RETRY_BACKOFF, Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, Router
@@ -191,8 +191,11 @@ class ChatSGLang(BaseChatModel):
             raise ConfigError("pool", f"no worker is in pool {self.pool!r}; the workers' pools: {pools}")
         options = {"temperature": self.temperature, "max_tokens": self.max_tokens, "stop": self.stop,
                    **self.model_kwargs, "extra_body": self.extra_body}
-        check_chat_request([], {k: v for k, v in options.items() if v is not None},
-                           {"extra_key": router.extra_key_for(self.tenant)})
+        try:
+            check_chat_request([], {k: v for k, v in options.items() if v is not None},
+                               {"extra_key": router.extra_key_for(self.tenant)})
+        except InvalidRequestError as exc:  # the model's own options: its configuration, not one call's request
+            raise ConfigError(exc.field, str(exc).split(": ", 1)[-1]) from None
 
     @property
     def routing(self) -> Router:

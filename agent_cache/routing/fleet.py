@@ -152,7 +152,7 @@ class Fleet:
                 entries = self.board.entries()
                 entries = self._finish_drains(entries)
                 entries = self._prune(entries)
-            except (StoreError, ConfigError) as exc:
+            except StoreError as exc:
                 self._warn(f"fleet board unavailable, keeping the current workers: {exc}")
                 return
             drained = self._apply(entries)
@@ -203,7 +203,7 @@ class Fleet:
         """Calls in flight per worker in the store (every replica's); None when the store cannot say."""
         try:
             stats = self.router.store.stats(now, templates=False)
-        except (StoreError, ConfigError):
+        except StoreError:
             return None
         return {url: int(w.get("inflight", 0)) for url, w in stats["workers"].items()}
 
@@ -271,7 +271,7 @@ class Fleet:
                 for e in entries.values():
                     if e.source == DNS and e.state == UP and e.url not in found:
                         self.board.replace(FleetEntry(e.url, e.pool, DRAINING, now, DNS), e)
-        except (StoreError, ConfigError) as exc:
+        except StoreError as exc:
             self._warn(f"fleet board unavailable, DNS discovery not recorded: {exc}")
 
     # --- background thread --------------------------------------------------------------
