@@ -108,7 +108,7 @@ class RedisFleetBoard:
         validate_redis_url(url)
         if not prefix or "{" in prefix or "}" in prefix:
             raise ConfigError("prefix", f"prefix must be non-empty without braces, got {prefix!r}")
-        self.key = f"{keys.tag(prefix)}:fleet"
+        self.key = keys.fleet(prefix)
         options = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout}
         self._client: Any = make_client(url, options, cluster=is_cluster(url), asyncio=False)
         self._set = self._client.register_script(_SET)
