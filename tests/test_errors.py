@@ -53,3 +53,12 @@ def test_a_chat_call_without_a_templater_is_the_doors_configuration_error() -> N
         prepare(CHAT, {"messages": [{"role": "user", "content": "hi"}]}, session="s", tenant="default", pool=None,
                 extra_key=None, templater=None)
     assert err.value.field == "templater"
+
+
+def test_a_tenant_that_is_not_text_is_a_configuration_error() -> None:
+    from agent_cache.routing.config import check_tenant
+
+    for bad in ("acme\ud800", "ac\nme", ""):
+        with pytest.raises(errors.ConfigError) as err:
+            check_tenant(bad)
+        assert err.value.field == "tenant"

@@ -98,9 +98,8 @@ def check_tenant(tenant: object, field: str = "tenant") -> str:
         raise ConfigError(field, f"expected a non-empty string, got {tenant!r}")
     if len(tenant) > MAX_TENANT:
         raise ConfigError(field, f"at most {MAX_TENANT} characters, got {len(tenant)}")
-    if not tenant.isprintable():
+    if not tenant.isprintable():  # refuses lone surrogates too (not UTF-8): a configuration error, not a request's
         raise ConfigError(field, f"must not contain control characters, got {tenant!r}")
-    check_text(tenant, field)
     return tenant
 
 
