@@ -26,7 +26,9 @@ from agent_cache.errors import (BackendError, ConfigError, InvalidRequestError, 
                                 StoreError, StoreUnavailableError)
 from agent_cache.routing.async_face import AsyncFace
 from agent_cache.routing.config import (
+    DEFAULT_MAX_ATTEMPTS,
     DEFAULT_POOL,
+    DEFAULT_PROBE_INTERVAL,
     WorkerConfig,
     check_policy,
     check_router_args,
@@ -104,11 +106,11 @@ class Router(AsyncFace):
         session_ttl: float = DEFAULT_SESSION_TTL,
         policy: Policy | None = None,
         pools: Mapping[str, float] | None = None,
-        probe_interval: float | None = 5.0,
+        probe_interval: float | None = DEFAULT_PROBE_INTERVAL,
         probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
         failure_threshold: int = 3,
         cooldown: float = 2.0,
-        max_attempts: int = 3,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         default_capacity: int = DEFAULT_CAPACITY,
         capacities: Mapping[str, int] | None = None,
         registry: Any = None,

@@ -20,9 +20,18 @@ from __future__ import annotations
 from functools import lru_cache
 from urllib.parse import quote
 
+from agent_cache.errors import ConfigError
+
 
 def tag(prefix: str) -> str:
     return "{" + prefix + "}"
+
+
+def check_prefix(prefix: str) -> str:
+    """``prefix`` if it can name a deployment (non-empty, no braces: it is the hash tag); else ConfigError."""
+    if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+        raise ConfigError("prefix", f"prefix must be non-empty without braces, got {prefix!r}")
+    return prefix
 
 
 def member(tenant: str, ident: str) -> str:

@@ -67,8 +67,7 @@ class RedisStore:
             raise ConfigError("redis_url", "pass a Redis URL or a client")
         if url is not None:
             validate_redis_url(url)
-        if not prefix or "{" in prefix or "}" in prefix:
-            raise ConfigError("prefix", f"prefix must be non-empty without braces, got {prefix!r}")
+        keys.check_prefix(prefix)
         self.url = url
         self.prefix = prefix
         self.session_ttl = session_ttl
