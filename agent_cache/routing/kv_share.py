@@ -33,7 +33,7 @@ import uuid
 from typing import Any, Protocol, runtime_checkable
 
 from agent_cache.background import Jobs
-from agent_cache.errors import StoreError, StoreRefusedError
+from agent_cache.errors import StoreError
 from agent_cache.routing.kv_state import KvState, SessionPrint
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,6 @@ READ_COUNT = 1_000
 MAX_QUEUED = 1_024
 RETRY_AFTER = 1.0  # s between reads while the store does not answer
 OLDEST = "-"
-_STORE_FAILED = (StoreError, StoreRefusedError)  # away, or refusing (ACL rules without XADD / XRANGE)
 
 
 @runtime_checkable
@@ -98,7 +97,7 @@ class KvShare:
         try:
             self.store.append_session_print(json.dumps(record, separators=(",", ":")), self.max_records)
             self.shared += 1
-        except _STORE_FAILED as exc:
+        except StoreError as exc:  # away, or refusing (ACL rules without XADD / XRANGE)
             self.dropped += 1
             log.debug("a session's fingerprints were not shared: %s", exc)
 
@@ -109,7 +108,7 @@ class KvShare:
         while not self._stop.is_set():
             try:
                 found = self.store.session_prints(since, READ_COUNT + 1)
-            except _STORE_FAILED as exc:
+            except StoreError as exc:
                 if not failing:
                     log.warning("sessions' fingerprints from other router processes unread: %s", exc)
                 failing = True

@@ -36,7 +36,6 @@ DEFAULT_INTERVAL = 2.0  # s between two snapshots of a worker, and between two r
 DEFAULT_TTL = 30.0  # s a snapshot stays without a new write: nobody knows the worker any more
 PENDING_SECONDS = 10.0  # at least, of an unknown worker's latest batches kept to bring a snapshot up to date
 FORMAT = 2  # 2: resident pages (1: runs, before the events of SGLang 0.5.9+ were followed exactly)
-_STORE_FAILED = (StoreError, StoreRefusedError)
 
 
 @runtime_checkable
@@ -58,18 +57,21 @@ def encode(snap: WorkerSnapshot) -> bytes:
 
 
 def decode(blob: bytes) -> WorkerSnapshot:
-    """Raises ValueError for a blob this version cannot read."""
+    """Raises StoreError for a blob this version cannot read (another version's, or damaged)."""
     import msgpack
 
     try:
         fmt, *rest = msgpack.unpackb(blob)
-        if fmt != FORMAT:
-            raise ValueError(f"snapshot format {fmt!r}")
+    except (TypeError, ValueError, msgpack.UnpackException) as exc:
+        raise StoreError(f"undecodable KV snapshot: {exc}") from exc
+    if fmt != FORMAT:
+        raise StoreError(f"undecodable KV snapshot: format {fmt!r}, this version reads {FORMAT}")
+    try:
         seq, ts, page_size, pages, anchored = rest
         return WorkerSnapshot(int(seq), float(ts), int(page_size), [(int(h), int(n)) for h, n in pages],
                               [(int(h), [int(a) for a in found]) for h, found in anchored])
-    except (TypeError, ValueError, msgpack.UnpackException) as exc:
-        raise ValueError(f"undecodable KV snapshot: {exc}") from exc
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"undecodable KV snapshot: {exc}") from exc
 
 
 class KvSnapshots:
@@ -117,7 +119,7 @@ class KvSnapshots:
                     self._take_up(url)
                 else:
                     self._write(url)
-            except _STORE_FAILED as exc:  # this worker's turn only: the others are still tried
+            except StoreError as exc:  # away or refusing; this worker's turn only: the others are still tried
                 self.failed += 1
                 if self.failed == 1 and isinstance(exc, StoreRefusedError):  # a rule, not a blip: say it once
                     log.warning("kv snapshots: the store refused (%s): a router process that subscribes late "
@@ -144,7 +146,7 @@ class KvSnapshots:
             return
         try:
             snap = decode(blob)
-        except ValueError:
+        except StoreError:  # written by another version: counted, not a failure of the store
             self.bad += 1
             return
         t0 = time.perf_counter()

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DEFAULT_THRESHOLD = 6.0  # new sessions a minute that make a template hot (the seed's prefetch_threshold)
+PER_WORKER_PER_MINUTE = 4  # prewarms a worker takes a minute at most
 PREWARM_TIMEOUT = 60.0  # a long template's prefill on a busy worker
 
 
@@ -61,8 +62,8 @@ class PrewarmCounts:
 class Prewarmer:
     """Which (worker, template) pairs to prefill after a placement; bounded per worker and per minute."""
 
-    def __init__(self, *, threshold: float = DEFAULT_THRESHOLD, per_worker_per_minute: int = 4, spread: int = 2,
-                 hit_window: float = 120.0, pending: float = 60.0) -> None:
+    def __init__(self, *, threshold: float = DEFAULT_THRESHOLD, per_worker_per_minute: int = PER_WORKER_PER_MINUTE,
+                 spread: int = 2, hit_window: float = 120.0, pending: float = 60.0) -> None:
         self.threshold = threshold
         self.per_worker_per_minute = per_worker_per_minute
         self.spread = spread

@@ -12,7 +12,7 @@ import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from agent_cache import ChatSGLang
-from agent_cache.errors import ConfigError
+from agent_cache.errors import ConfigError, InvalidRequestError
 from agent_cache.routing import Router
 from agent_cache.sim import SimFleet
 from agent_cache.store import RedisStore
@@ -103,7 +103,7 @@ def test_a_caller_cannot_set_another_tenants_cache_namespace(redis_server, prefi
             ({"cache_salt": "acme"}, "cache_salt"),
         ]
         for kwargs, field in attempts:
-            with pytest.raises(ConfigError) as err:
+            with pytest.raises(InvalidRequestError) as err:  # a call's request, not the model's configuration
                 globex.invoke(prompt, session_id="g-sneaky", **kwargs)
             assert err.value.field == field
         assert not list(raw.scan_iter(match="{" + prefix + "}:*"))  # refused before routing: no key written

@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from agent_cache.bench.realfleet import free_port, wait_until
+from agent_cache.errors import StoreError
 from agent_cache.kv_events import KVEventBatch
 from agent_cache.routing.kv_indexer import KvIndexer, parse_sources
 from agent_cache.routing.kv_snapshots import KvSnapshots, decode, encode
@@ -130,7 +131,7 @@ def test_a_snapshot_is_taken_up_only_at_a_batch_received_here_and_of_the_same_ru
     worker.insert(random_tokens(rng, 100))
     latest = a.snapshot(W0)
     assert latest is not None and small.install(W0, latest) == "too_large" and not small.known(W0)
-    with pytest.raises(ValueError, match="undecodable"):
+    with pytest.raises(StoreError, match="undecodable"):
         decode(b"\x93\x01\x02")
 
 
