@@ -39,6 +39,7 @@ def _step_in_new_process(workers: list[str], redis_url: str, step: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_one_session_through_three_processes_stays_on_one_worker(redis_server_factory, prefix) -> None:
     redis_url = redis_server_factory().url
     with SimFleet(4) as fleet:
