@@ -131,9 +131,9 @@ class _LogLevelAction(argparse.Action):
 
 
 def _add_log_level(p: argparse.ArgumentParser) -> None:
-    from agent_cache.telemetry.log_format import levels
+    from agent_cache.telemetry.log_format import DEFAULT_LEVEL, levels
 
-    p.add_argument("--log-level", action=_LogLevelAction, default="warning", metavar="LEVEL",
+    p.add_argument("--log-level", action=_LogLevelAction, default=DEFAULT_LEVEL, metavar="LEVEL",
                    help=f"{', '.join(levels())} (or warn; default %(default)s)")
 
 
@@ -144,38 +144,41 @@ def _add_workers(p: argparse.ArgumentParser, what: str, otherwise: str = "") -> 
 
 
 def _add_sim_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from agent_cache.sim import WorkerOptions
     from agent_cache.sim.latency_flags import add_latency_args, non_negative
     from agent_cache.sim.scheduler import SCHEDULE_POLICIES
     from agent_cache.sim.versions import LATEST_VERSION, SUPPORTED_VERSIONS
 
+    d = WorkerOptions()  # the defaults are the worker's own, but where the command differs (said below)
     p = sub.add_parser("sim-worker", help="run one simulated SGLang worker (flags named as SGLang's)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--served-model-name", default="sim-llama-3.1-8b")
-    p.add_argument("--model-path", default="meta-llama/Llama-3.1-8B-Instruct")
+    p.add_argument("--served-model-name", default=d.served_model_name)
+    p.add_argument("--model-path", default=d.model_path)
     p.add_argument("--tokenizer-path", default=None, metavar="DIR",
                    help="count tokens with this model folder's tokenizer and chat template, as a real server of that "
                         "model does (default: the simulator's own; needs agent-cache[bench])")
-    p.add_argument("--max-total-tokens", type=_positive(int), default=200_000, help="KV capacity in tokens")
-    p.add_argument("--context-length", type=_positive(int), default=131_072)
-    p.add_argument("--page-size", type=_positive(int), default=1)
-    p.add_argument("--radix-eviction-policy", choices=["lru", "lfu"], default="lru")
+    p.add_argument("--max-total-tokens", type=_positive(int), default=d.max_total_tokens, help="KV capacity in tokens")
+    p.add_argument("--context-length", type=_positive(int), default=d.context_length)
+    p.add_argument("--page-size", type=_positive(int), default=d.page_size)
+    p.add_argument("--radix-eviction-policy", choices=["lru", "lfu"], default=d.radix_eviction_policy)
     p.add_argument("--disable-radix-cache", action="store_true")
-    p.add_argument("--enable-cache-report", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--enable-cache-report", action=argparse.BooleanOptionalAction, default=d.enable_cache_report,
                    help="report cached_tokens in chat usage (SGLang's --enable-cache-report; on by default here)")
     p.add_argument("--enable-metrics", action="store_true", help="serve /metrics (off by default, as in SGLang)")
     p.add_argument("--max-running-requests", type=_positive(int), default=None,
                    help="default: as SGLang derives it, min(max_total_tokens // 2, request pool of 2048-4096)")
-    p.add_argument("--schedule-policy", choices=list(SCHEDULE_POLICIES), default="fcfs",
+    p.add_argument("--schedule-policy", choices=list(SCHEDULE_POLICIES), default=d.schedule_policy,
                    help="waiting-queue order: fcfs (SGLang's default) or lpm (longest cached prefix first)")
-    p.add_argument("--chunked-prefill-size", type=_positive(int), default=8192,
+    p.add_argument("--chunked-prefill-size", type=_positive(int), default=d.chunked_prefill_size,
                    help="new tokens per prefill pass (SGLang's default on an 80 GB GPU)")
-    p.add_argument("--max-prefill-tokens", type=_positive(int), default=16384)
-    p.add_argument("--sglang-version", choices=list(SUPPORTED_VERSIONS), default=LATEST_VERSION, metavar="0.5.N",
+    p.add_argument("--max-prefill-tokens", type=_positive(int), default=d.max_prefill_tokens)
+    p.add_argument("--sglang-version", choices=list(SUPPORTED_VERSIONS), default=d.sglang_version, metavar="0.5.N",
                    help=f"serve this SGLang release's routes and fields (0.5.1-{LATEST_VERSION}; default {LATEST_VERSION})")
-    p.add_argument("--time-scale", type=non_negative, default=1.0,
+    p.add_argument("--time-scale", type=non_negative, default=1.0,  # the worker's own default is instant (tests)
                    help="1 = the latency model in real time, 0 = instant (default 1)")
-    p.add_argument("--startup-seconds", type=non_negative, default=0.0, help="answer /health with 503 this long")
+    p.add_argument("--startup-seconds", type=non_negative, default=d.startup_seconds,
+                   help="answer /health with 503 this long")
     p.add_argument("--kv-events-config", type=_kv_events_config, default=None, metavar="JSON",
                    help='publish KV cache events as SGLang does, e.g. \'{"publisher": "zmq", "endpoint": '
                         '"tcp://*:5557", "topic": "kv"}\' (SGLang\'s fields: publisher, endpoint, replay_endpoint, '
@@ -230,14 +233,14 @@ def _explain(rest: list[str]) -> int:
 def _stats(args: argparse.Namespace) -> int:
     import json
 
-    from agent_cache.errors import ConfigError, StoreError
+    from agent_cache.errors import StoreError
     from agent_cache.redact import redact_url
     from agent_cache.store import RedisStore, format_stats, stats_snapshot
 
     store = RedisStore(args.redis, prefix=args.prefix)
     try:
         snapshot = stats_snapshot(store)
-    except (StoreError, ConfigError) as exc:  # unreachable, or refusing these credentials
+    except StoreError as exc:  # unreachable, or refusing these credentials
         print(f"agent-cache stats: cannot read the store at {redact_url(args.redis)}: {redact_url(exc)}",
               file=sys.stderr)
         return 1
@@ -249,10 +252,12 @@ def _stats(args: argparse.Namespace) -> int:
 
 def _add_deployment_args(p: argparse.ArgumentParser) -> None:
     """``--redis`` (required unless $AGENT_CACHE_REDIS_URL is set) and ``--prefix``: the deployment to read."""
+    from agent_cache.store.base import DEFAULT_PREFIX
+
     default = environment.value(environment.REDIS_URL)
     p.add_argument("--redis", required=default is None, default=default, metavar="URL",
                    help=f"redis://host:6379/0, as given to ChatSGLang (default: ${environment.REDIS_URL})")
-    p.add_argument("--prefix", default="agent-cache", help="key prefix of the deployment (default agent-cache)")
+    p.add_argument("--prefix", default=DEFAULT_PREFIX, help="key prefix of the deployment (default %(default)s)")
 
 
 def _add_stats(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -313,6 +318,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from agent_cache.errors import ConfigError
     from agent_cache.gateway import GatewayConfig, admin, create_app, http_limits, load_api_keys, serving
+    from agent_cache.gateway import config as gw
     from agent_cache.telemetry import log_format, tracing
 
     # Every option is checked before anything is bound, started or asked: a bad one is its own one line,
@@ -336,30 +342,29 @@ def _serve(args: argparse.Namespace) -> int:
             worker_api_key=environment.value(environment.API_KEY), first_byte_floor=args.first_byte_floor,
             fleet=admin.fleet_config(args),
             transport=args.transport, kv_events=args.kv_events,
+            host=args.host, port=args.port, metrics_port=args.metrics_port,
+            drain_timeout=args.drain_timeout, keep_alive=args.keep_alive, header_limits=http_limits.from_args(args),
+            http=args.http, loop=args.loop, log_level=args.log_level, log_format=args.log_format,
         )
-        limits = http_limits.from_args(args)
-        serving.check_port(args.port, "--port")
-        if args.metrics_port is not None:
-            serving.check_port(args.metrics_port, "--metrics-port")
-    except ConfigError as exc:
-        print(f"agent-cache serve: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # named by its flag
+        print(f"agent-cache serve: {gw.flag(exc.field)}: {str(exc).split(': ', 1)[-1]}", file=sys.stderr)
         return 2
-    if not _store_ready(args.redis, args.prefix, debug=args.log_level == "debug", log_format=args.log_format):
+    if not _store_ready(config.redis_url, config.prefix, debug=config.log_level == "debug",
+                        log_format=config.log_format):
         return 1
-    flag = "--port"
+    flag, port = "--port", config.port
     listeners: list[socket.socket] = []
     try:
-        listeners.append(serving.listen(args.host, args.port))
+        listeners.append(serving.listen(config.host, port))
         metrics = ""
-        if args.metrics_port is not None:
-            flag = "--metrics-port"
-            bound = serving.start_metrics_listener(args.host, args.metrics_port)
-            metrics = f", metrics on http://{args.host}:{bound}/metrics"
+        if config.metrics_port is not None:
+            flag, port = "--metrics-port", config.metrics_port
+            bound = serving.start_metrics_listener(config.host, port)
+            metrics = f", metrics on http://{config.host}:{bound}/metrics"
     except OSError as exc:  # a port taken, an address not this host's
         for sock in listeners:
             sock.close()
-        port = args.port if flag == "--port" else args.metrics_port
-        print(f"agent-cache serve: error: {serving.cannot_listen(flag, args.host, port, exc)}", file=sys.stderr)
+        print(f"agent-cache serve: error: {serving.cannot_listen(flag, config.host, port, exc)}", file=sys.stderr)
         return 1
     try:
         app = create_app(config)
@@ -370,26 +375,30 @@ def _serve(args: argparse.Namespace) -> int:
     keys = "off" if config.api_keys is None else f"{len(config.api_keys)} keys"
 
     def banner(port: int) -> str:  # printed once the port is bound and the store checked
-        return log_format.own_line(args.log_format, (
-            f"agent-cache gateway on http://{args.host}:{port} -> {len(workers)} workers "
-            f"(store: {'redis' if args.redis else 'in-process'}, API keys: {keys}{metrics}, "
+        return log_format.own_line(config.log_format, (
+            f"agent-cache gateway on http://{config.host}:{port} -> {len(workers)} workers "
+            f"(store: {'redis' if config.redis_url else 'in-process'}, API keys: {keys}{metrics}, "
             f"tracing: {'on' if tracing.tracer() is not None else 'off'})"))
 
+    limits = config.header_limits
     connections = http_limits.Connections(http_limits.raise_open_file_limit(), limits.max_pending)
     started = serving.run(
-        app, banner, listeners[0], connections, log_level=args.log_level, access_log=False,
-        log_config=log_format.logging_config(args.log_format, args.log_level),
-        timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=args.keep_alive, backlog=4096,
-        loop=args.loop, proxy_headers=False,  # no client address is used: skip its rewrite
-        **http_limits.uvicorn_options(limits, args.http, connections))
+        app, banner, listeners[0], connections, log_level=config.log_level, access_log=False,
+        log_config=log_format.logging_config(config.log_format, config.log_level),
+        timeout_graceful_shutdown=config.drain_timeout, timeout_keep_alive=config.keep_alive, backlog=4096,
+        loop=config.loop, proxy_headers=False,  # no client address is used: skip its rewrite
+        **http_limits.uvicorn_options(limits, config.http, connections))
     return 0 if started else 1
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from agent_cache.gateway import admin, http_limits
     from agent_cache.gateway import config as gw
+    from agent_cache.routing.first_byte import DEFAULT_FACTOR
     from agent_cache.templates.templater import TemplateMode
+    from agent_cache.telemetry.log_format import FORMATS
 
+    # every default is GatewayConfig's (gw.default): defined once, with the checks of the whole
     p = sub.add_parser("serve", help="an OpenAI-compatible gateway with sticky, template-aware routing "
                                      "(docs/gateway.md)")
     _add_workers(p, "SGLang worker URLs")
@@ -398,32 +407,33 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--redis", default=environment.value(environment.REDIS_URL), metavar="URL",
                    help=f"metadata store shared by every replica (default: ${environment.REDIS_URL}; "
                         "none: in-process, one replica)")
-    p.add_argument("--prefix", default="agent-cache", help="key prefix of the deployment (default agent-cache)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--prefix", default=gw.default("prefix"), help="key prefix of the deployment (default %(default)s)")
+    p.add_argument("--host", default=gw.default("host"))
+    p.add_argument("--port", type=int, default=gw.default("port"))
     p.add_argument("--api-keys", metavar="FILE",
                    help="'KEY TENANT [POOL] [rpm= tpm= role= pools= allow=]' per line; calls then need a key")
-    p.add_argument("--session-header", default=gw.DEFAULT_SESSION_HEADER,
-                   help=f"header naming a call's session (default {gw.DEFAULT_SESSION_HEADER})")
-    p.add_argument("--templates", default=TemplateMode.SYSTEM.value, choices=[m.value for m in TemplateMode],
-                   help="prompt normalisation, as ChatSGLang(templates=...) (default system)")
+    p.add_argument("--session-header", default=gw.default("session_header"),
+                   help="header naming a call's session (default %(default)s)")
+    p.add_argument("--templates", default=gw.default("templates"), choices=[m.value for m in TemplateMode],
+                   help="prompt normalisation, as ChatSGLang(templates=...) (default %(default)s)")
     p.add_argument("--no-infer-sessions", action="store_true",
                    help="a chat call without a session header or user field gets a fresh session "
                         "instead of its conversation's")
-    p.add_argument("--max-concurrency", type=_positive(int), default=gw.DEFAULT_MAX_CONCURRENCY,
+    p.add_argument("--max-concurrency", type=_positive(int), default=gw.default("max_concurrency"),
                    help="calls in flight before 503 + Retry-After (default %(default)s)")
-    p.add_argument("--max-body-bytes", type=_positive(int), default=gw.DEFAULT_MAX_BODY_BYTES,
+    p.add_argument("--max-body-bytes", type=_positive(int), default=gw.default("max_body_bytes"),
                    help="largest request body (default %(default)s)")
-    p.add_argument("--timeout", type=_positive(float), default=gw.DEFAULT_TIMEOUT,
+    p.add_argument("--timeout", type=_positive(float), default=gw.default("timeout"),
                    help="seconds a worker may take to answer or to send its next stream event (default %(default)s)")
-    p.add_argument("--stall-timeout", type=_positive(float), default=gw.DEFAULT_STALL_TIMEOUT,
+    p.add_argument("--stall-timeout", type=_positive(float), default=gw.default("stall_timeout"),
                    help="seconds a stream may stay silent once its first event came; past it the stream ends "
                         "with an error event and its slot and counts are freed (default %(default)s)")
-    p.add_argument("--max-attempts", type=_positive(int), default=3, help="tries per call across workers")
-    p.add_argument("--first-byte-floor", type=_positive(float), default=5.0,
-                   help="a call's first attempt waits 3 x the worker's recent p95 time to first byte, "
-                        "at least this many seconds, before trying another worker (default %(default)s)")
-    p.add_argument("--transport", default="httpx", choices=list(gw.TRANSPORTS),
+    p.add_argument("--max-attempts", type=_positive(int), default=gw.default("max_attempts"),
+                   help="tries per call across workers (default %(default)s)")
+    p.add_argument("--first-byte-floor", type=_positive(float), default=gw.default("first_byte_floor"),
+                   help=f"a call's first attempt waits {DEFAULT_FACTOR:g} x the worker's recent p95 time to first "
+                        "byte, at least this many seconds, before trying another worker (default %(default)s)")
+    p.add_argument("--transport", default=gw.default("transport"), choices=list(gw.TRANSPORTS),
                    help="client to the workers: httpx (default) or fast, an asyncio + httptools client "
                         "using less CPU per call (docs/benchmarks.md)")
     p.add_argument("--kv-events", type=_kv_event_sources, default=None, metavar="URL=ENDPOINT[|REPLAY],...",
@@ -433,23 +443,24 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "(docs/routing.md, \"KV events\"). Needs the kv extra: pip install 'agent-cache[kv]'")
     p.add_argument("--extra-fields", metavar="NAME,...",
                    help="request fields to pass through unchecked (fields of a newer SGLang)")
-    p.add_argument("--drain-timeout", type=_positive(float), default=30.0,
-                   help="seconds to let in-flight calls finish on SIGTERM (default %(default)s)")
-    p.add_argument("--keep-alive", type=_positive(int), default=75,
+    p.add_argument("--drain-timeout", type=_positive(float), default=gw.default("drain_timeout"),
+                   help="seconds to let in-flight calls finish on SIGTERM (default %(default)s; "
+                        "--worker-drain-timeout is a removed worker's)")
+    p.add_argument("--keep-alive", type=_positive(int), default=gw.default("keep_alive"),
                    help="seconds an idle client connection stays open (default %(default)s: longer than the "
                         "60 s idle timeout of common load balancers, so they never reuse a closed one)")
     http_limits.add_arguments(p)
     admin.add_arguments(p)
     _add_log_level(p)
-    p.add_argument("--log-format", default="text", choices=["text", "json"],
+    p.add_argument("--log-format", default=gw.default("log_format"), choices=list(FORMATS),
                    help="log lines as text, or one JSON object per line; json also writes an access line per "
                         "call (request id, tenant, session hash, worker, status, latency, cached tokens)")
-    p.add_argument("--metrics-port", type=int, metavar="PORT",
+    p.add_argument("--metrics-port", type=int, metavar="PORT", default=gw.default("metrics_port"),
                    help="serve /metrics on this port too, without an API key (for in-cluster scraping); with "
                         "--api-keys, /metrics on --port needs an admin key")
-    p.add_argument("--http", default="auto", choices=["auto", "httptools", "h11"],
+    p.add_argument("--http", default=gw.default("http"), choices=list(gw.HTTP_PARSERS),
                    help="HTTP parser (default auto: httptools, installed with agent-cache; docs/benchmarks.md)")
-    p.add_argument("--loop", default="auto", choices=["auto", "uvloop", "asyncio"],
+    p.add_argument("--loop", default=gw.default("loop"), choices=list(gw.EVENT_LOOPS),
                    help="event loop (default auto: uvloop, installed with agent-cache; docs/benchmarks.md)")
     p.set_defaults(func=_serve)
 

@@ -4,8 +4,7 @@ Every error derives from :class:`AgentCacheError`::
 
     AgentCacheError
     ├── ConfigError (also ValueError)           bad configuration; ``field`` names it
-    │   ├── InvalidRequestError                 a caller's request is wrong (gateway: 400)
-    │   └── StoreRefusedError                   Redis refuses the credentials, ACL or database
+    ├── InvalidRequestError (also ValueError)   a caller's request is wrong; ``field`` names the part
     ├── BackendError                            one worker failed; ``url``, ``status``, ``retryable``,
     │   │                                       ``request_fault`` (the request caused it)
     │   ├── WorkerConnectionError  [retryable]  could not be reached, or dropped the connection
@@ -23,12 +22,16 @@ Every error derives from :class:`AgentCacheError`::
     │   └── StreamError            [retryable]  broke mid-stream, no ``[DONE]``, an error event
     ├── TemplateError (also ValueError)         messages or tools cannot be normalised
     ├── StoreError                              the metadata store failed
-    │   └── StoreUnavailableError               unreachable: routing goes on by hashing
+    │   ├── StoreUnavailableError               unreachable: routing goes on by hashing
+    │   └── StoreRefusedError                   Redis refuses the credentials, ACL or database
+    │                                           (``field``: ``redis_url``); retrying cannot help
     ├── RoutingError                            no worker can take the call
     │   └── NoHealthyWorkerError
-    ├── RequestRejectedError                    the gateway refuses a request (status, code)
-    ├── TraceFormatError (also ValueError)
-    └── BenchProcessError
+    └── TraceFormatError (also ValueError)
+
+Errors of one part only live with it, on the same base: the gateway's
+``RequestRejectedError`` (``agent_cache.gateway.errors``) and the process
+harness's ``BenchProcessError`` (``agent_cache.processes``).
 
 Errors a LangChain user may see from a model call also derive from the
 matching ``langchain_core.exceptions`` type (WorkerConnectionError and
@@ -94,9 +97,16 @@ class ConfigError(AgentCacheError, ValueError):
         super().__init__(f"{field}: {message}")
 
 
-class InvalidRequestError(ConfigError):
+class InvalidRequestError(AgentCacheError, ValueError):
     """A caller's request is wrong (an unknown field, a value out of range, a body that is not JSON):
-    the caller's fault, raised before anything is routed or written; ``field`` names the part."""
+    the caller's fault, raised before anything is routed or written; ``field`` names the part.
+
+    Not a :class:`ConfigError`: a gateway answers this one 400, while a configuration error met
+    serving a call is its own (500)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
 
 
 # --- backend (SGLang workers) -------------------------------------------------
@@ -248,12 +258,14 @@ class StoreUnavailableError(StoreError):
     """The store cannot be reached; routing falls back to degraded mode."""
 
 
-class StoreRefusedError(ConfigError):
+class StoreRefusedError(StoreError):
     """Redis answers but refuses this client (credentials, ACL rules, database index): retrying cannot
-    help, so it is a configuration error naming ``redis_url``, not the degraded mode of an unreachable store."""
+    help, so not the degraded mode of an unreachable store; ``field`` is ``redis_url``, the setting to fix."""
+
+    field = "redis_url"
 
     def __init__(self, message: str) -> None:
-        super().__init__("redis_url", message)
+        super().__init__(f"redis_url: {message}")
 
 
 class RoutingError(AgentCacheError):
@@ -266,29 +278,7 @@ class NoHealthyWorkerError(RoutingError, ModelConnectionError):
     is_retryable = True
 
 
-# --- gateway ------------------------------------------------------------------
-
-
-class RequestRejectedError(AgentCacheError):
-    """The gateway refuses a request before routing it (no key, too large, overloaded).
-
-    ``status`` is the HTTP status, ``code`` the OpenAI error code, ``retry_after``
-    the seconds a client should wait before trying again (a saturated gateway),
-    ``param`` the request field or header at fault, ``headers`` more response headers.
-    """
-
-    def __init__(self, status: int, message: str, *, code: str | None = None,
-                 retry_after: float | None = None, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        self.status = status
-        self.code = code
-        self.retry_after = retry_after
-        self.param = param
-        self.headers = headers or {}
-        super().__init__(message)
-
-
-# --- traces and benchmarks ----------------------------------------------------
+# --- traces -------------------------------------------------------------------
 
 
 class TraceFormatError(AgentCacheError, ValueError):
@@ -298,10 +288,3 @@ class TraceFormatError(AgentCacheError, ValueError):
         self.path = path
         self.line = line
         super().__init__(f"{path}:{line}: {message}")
-
-
-class BenchProcessError(AgentCacheError):
-    """A process of the real-process benchmark (simulated worker, Redis, smg, load replica) failed.
-
-    The message names the process and carries the tail of its log.
-    """

@@ -18,7 +18,15 @@ from typing import Callable, Mapping, Sequence
 
 import httpx
 
-from agent_cache.errors import BenchProcessError
+from agent_cache.errors import AgentCacheError
+
+
+class BenchProcessError(AgentCacheError):
+    """A process started here (simulated worker, Redis, smg, load replica, SGLang server) failed.
+
+    The message names the process and carries the tail of its log. Raised only by the benchmark and the
+    real-SGLang harness, so it lives with them rather than in the core tree.
+    """
 
 
 def free_port() -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from agent_cache.errors import ConfigError, InvalidRequestError
+from agent_cache.errors import InvalidRequestError
 
 MAX_DEPTH = 64
 
@@ -100,12 +100,12 @@ def one_of(expected: str, *checks: Check) -> Check:
     """The first check that passes; else an error naming ``expected`` (or the closest check's own, for
     a value of the right outer kind: an object or list)."""
     def run(value: Any, path: str) -> None:
-        errors: list[ConfigError] = []
+        errors: list[InvalidRequestError] = []
         for check in checks:
             try:
                 check(value, path)
                 return
-            except ConfigError as exc:
+            except InvalidRequestError as exc:
                 errors.append(exc)
         deeper = [e for e in errors if e.field != path]
         if deeper:

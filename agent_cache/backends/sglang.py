@@ -32,7 +32,7 @@ from agent_cache.backends.protocol import (
     stream_error_event,
 )
 from agent_cache.calls.transport import transport_error
-from agent_cache.errors import BackendError, ConfigError, ResponseMismatchError, StreamError
+from agent_cache.errors import BackendError, ConfigError, InvalidRequestError, ResponseMismatchError, StreamError
 from agent_cache.telemetry import trace_context
 
 DEFAULT_TIMEOUT = 120.0
@@ -87,7 +87,7 @@ def _generate_body(
     url: str,
 ) -> dict[str, Any]:
     if (text is None) == (input_ids is None):
-        raise ConfigError("text", "pass exactly one of text or input_ids to /generate")
+        raise InvalidRequestError("text", "pass exactly one of text or input_ids to /generate")
     body: dict[str, Any] = {"sampling_params": dict(sampling_params or {}), "stream": stream}
     if text is not None:
         body["text"] = text

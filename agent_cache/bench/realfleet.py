@@ -32,9 +32,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 import httpx
 
-from agent_cache.errors import BenchProcessError, ConfigError
+from agent_cache.errors import ConfigError
 from agent_cache.sglang_cpu.workers import MODEL_DESCRIPTION, SERVED_MODEL, RealWorkers
 from agent_cache.sim.versions import LATEST_VERSION
+from agent_cache.processes import BenchProcessError
 from agent_cache.processes import Proc as Proc, Processes as Processes, free_port as free_port, wait_until as wait_until  # noqa: E501  (re-exported)
 
 MODEL = "sim-llama-3.1-8b"  # the simulated workers' served model name (their default)

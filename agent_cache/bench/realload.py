@@ -64,7 +64,8 @@ from agent_cache.bench.realfleet import (
 )
 from agent_cache.bench.workloads import CallSpec, ChatCall, SessionSpec
 from agent_cache.calls.transport import transport_error
-from agent_cache.errors import AgentCacheError, BenchProcessError, MalformedResponseError, StreamError
+from agent_cache.errors import AgentCacheError, MalformedResponseError, StreamError
+from agent_cache.processes import BenchProcessError
 
 CLIENT_POLICIES = ("round-robin", "random", "least-load", "consistent-hash")
 AGENT_CACHE_POLICIES = {"agent-cache": "templatize", "agent-cache-no-templates": "off"}

@@ -22,7 +22,7 @@ from typing import Any, Collection, Mapping
 from agent_cache.backends.protocol import CHAT_FIELDS
 from agent_cache.backends.request_check import TENANT_FIELDS, check_chat_request
 from agent_cache.calls.jsonio import dumps
-from agent_cache.errors import InvalidRequestError
+from agent_cache.errors import ConfigError, InvalidRequestError
 from agent_cache.routing.types import RouteRequest
 from agent_cache.templates.templater import NormalizedPrompt, Templater
 
@@ -119,7 +119,7 @@ def prepare(path: str, params: dict[str, Any], *, session: str, tenant: str, poo
             raise InvalidRequestError("messages", "expected a non-empty list of messages")
         check_chat_request(messages, params, owned, fields=fields, owner=owner, values_checked=checked_json)
         if templater is None:
-            raise ValueError("a chat request needs the tenant's templater")
+            raise ConfigError("templater", "a chat request needs the tenant's templater")  # the door's bug, not the caller's
         prompt = templater.normalize(messages, params.get("tools"), session_id=session, variables=variables,
                                      parsed_json=from_json)
         params["messages"] = prompt.messages

@@ -28,15 +28,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_cache.errors import ConfigError, RequestRejectedError, StoreError
+from agent_cache.errors import ConfigError, StoreError
+from agent_cache.gateway.errors import RequestRejectedError
 from agent_cache.gateway.keys import ApiKey
 from agent_cache.gateway.responses import JSONResponse, bounded
 from agent_cache.routing.config import parse_worker
 from agent_cache.routing.discovery import parse_targets
 from agent_cache.routing.fleet import (
     DEFAULT_DNS_INTERVAL,
-    DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_REFRESH,
+    DEFAULT_WORKER_DRAIN_TIMEOUT,
     Fleet,
     FleetConfig,
     FleetWorker,
@@ -182,8 +183,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds between DNS resolutions (default %(default)s)")
     p.add_argument("--workers-dns-hosts", metavar="FILE",
                    help="resolve the --workers-dns names from this hosts-format file instead of DNS")
-    p.add_argument("--worker-drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT, metavar="S",
-                   help="the longest a removed worker drains before it is dropped (default %(default)s)")
+    p.add_argument("--worker-drain-timeout", type=float, default=DEFAULT_WORKER_DRAIN_TIMEOUT, metavar="S",
+                   help="the longest a worker removed from the fleet drains before it is dropped (default "
+                        "%(default)s; --drain-timeout is the gateway's own on SIGTERM)")
     p.add_argument("--fleet-refresh", type=float, default=DEFAULT_REFRESH, metavar="S",
                    help="seconds between reads of the fleet shared through the store (default %(default)s)")
     p.add_argument("--admin-loopback", action="store_true",

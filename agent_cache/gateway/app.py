@@ -35,8 +35,8 @@ from agent_cache.errors import (
     BackendError,
     ConfigError,
     ContextLengthError,
+    InvalidRequestError,
     NoHealthyWorkerError,
-    RequestRejectedError,
     ResponseMismatchError,
     RoutingError,
     StoreError,
@@ -47,6 +47,7 @@ from agent_cache.errors import (
 from agent_cache.gateway import access_log, authz
 from agent_cache.gateway.admin import Admin, fleet_for
 from agent_cache.gateway.config import GatewayConfig
+from agent_cache.gateway.errors import RequestRejectedError
 from agent_cache.gateway.keys import ApiKey, key_digest
 from agent_cache.gateway.ratelimit import RateLimits, Reservation, reservation_tokens
 from agent_cache.gateway.readiness import ready_response
@@ -117,8 +118,11 @@ def _error_for(exc: BaseException, path: str = CHAT) -> JSONResponse:
         logger.error("the metadata store refused the gateway: %s", exc)
         return error_response(500, "the gateway's metadata store refused it (see the gateway's log)",
                               code="store_misconfigured")
-    if isinstance(exc, ConfigError):
+    if isinstance(exc, InvalidRequestError):
         return error_response(400, str(exc), param=exc.field, code="invalid_value")
+    if isinstance(exc, ConfigError):  # the gateway's own configuration, met serving a call: not the caller's fault
+        logger.error("gateway configuration error while serving a call: %s", exc)
+        return error_response(500, "the gateway is misconfigured (see the gateway's log)", code="gateway_misconfigured")
     if isinstance(exc, NoHealthyWorkerError):
         return error_response(503, str(exc), code="no_healthy_worker", headers={"Retry-After": "1"})
     if isinstance(exc, RoutingError):
@@ -343,6 +347,8 @@ class Gateway:
         an unreachable one only warns, as routing goes on by hashing until it answers."""
         try:
             await asyncio.to_thread(self.router.store.stats, time.time(), templates=False)
+        except StoreRefusedError:
+            raise  # stops the gateway: every call would fail
         except StoreUnavailableError as exc:
             self.router.availability.failed(exc)  # /health says so, and calls skip the store until it answers
             logger.warning("metadata store unreachable at start-up (%s): routing by hashing until it answers", exc)

@@ -17,7 +17,7 @@ import hashlib
 import re
 from typing import Any, Mapping
 
-from agent_cache.errors import RequestRejectedError
+from agent_cache.gateway.errors import RequestRejectedError
 from agent_cache.gateway.keys import GRANTABLE_FIELDS, ApiKey
 
 POOL_HEADER = "x-agent-cache-pool"

@@ -56,45 +56,46 @@ def key_digest(key: str) -> str:
 
 def _positive(name: str, value: str) -> int:
     if not value.isdigit() or int(value) <= 0:
-        raise ValueError(f"{name}= takes a whole number above 0, got {value!r}")
+        raise ConfigError(name, f"takes a whole number above 0, got {value!r}")
     return int(value)
 
 
 def _names(name: str, value: str) -> frozenset[str]:
     names = frozenset(v for v in value.split(",") if v)
     if not names:
-        raise ValueError(f"{name}= takes a comma-separated list, got {value!r}")
+        raise ConfigError(name, f"takes a comma-separated list, got {value!r}")
     return names
 
 
 def parse_key_line(parts: list[str]) -> tuple[str, ApiKey]:
-    """One line's fields (already split) -> (key, grant); ValueError names what is wrong."""
+    """One line's fields (already split) -> (key, grant); ConfigError names the option (or ``line``) that is
+    wrong, never the key."""
     positional = [p for p in parts if "=" not in p]
     options = [p for p in parts if "=" in p]
     if len(positional) not in (2, 3) or parts[:len(positional)] != positional:
-        raise ValueError(f"expected 'KEY TENANT [POOL] [name=value ...]', got {len(positional)} plain fields")
+        raise ConfigError("line", f"expected 'KEY TENANT [POOL] [name=value ...]', got {len(positional)} plain fields")
     key, tenant = positional[0], positional[1]
     check_tenant(tenant)
     given: dict[str, str] = {}
     for option in options:
         name, _, value = option.partition("=")
         if name not in _OPTIONS:
-            raise ValueError(f"unknown option {name!r}; known: {', '.join(_OPTIONS)}")
+            raise ConfigError(name, f"unknown option; known: {', '.join(_OPTIONS)}")
         if name in given:
-            raise ValueError(f"{name}= given twice")
+            raise ConfigError(name, "given twice")
         given[name] = value
     role = given.get("role", "user")
     if role not in ROLES:
-        raise ValueError(f"role= takes one of {', '.join(ROLES)}, got {role!r}")
+        raise ConfigError("role", f"takes one of {', '.join(ROLES)}, got {role!r}")
     allow = _names("allow", given["allow"]) if "allow" in given else frozenset()
     unknown = sorted(allow - set(GRANTABLE_FIELDS))
     if unknown:
-        raise ValueError(f"allow= names fields that are not reserved: {', '.join(unknown)}; "
-                         f"reserved: {', '.join(GRANTABLE_FIELDS)}")
+        raise ConfigError("allow", f"names fields that are not reserved: {', '.join(unknown)}; "
+                                   f"reserved: {', '.join(GRANTABLE_FIELDS)}")
     pool = positional[2] if len(positional) == 3 else None
     pools = _names("pools", given["pools"]) if "pools" in given else None
     if pool is not None and pools is not None and pool not in pools:
-        raise ValueError(f"the pool {pool!r} is not among pools={given['pools']}")
+        raise ConfigError("pools", f"the pool {pool!r} is not among pools={given['pools']}")
     if pool is not None and pools is None:
         pools = frozenset({pool})
     counts = {name: _positive(name, given[name]) for name in ("rpm", "tpm", "concurrency") if name in given}
@@ -118,7 +119,7 @@ def load_api_keys(path: str | Path) -> dict[str, ApiKey]:
             continue
         try:
             key, grant = parse_key_line(parts)
-        except (ValueError, ConfigError) as exc:
+        except ConfigError as exc:
             raise ConfigError("api_keys", f"{path}:{number}: {exc}") from None
         digest = key_digest(key)
         if digest in keys:

@@ -37,7 +37,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agent_cache.backends.protocol import Usage
-from agent_cache.errors import RequestRejectedError, StoreError
+from agent_cache.errors import StoreError
+from agent_cache.gateway.errors import RequestRejectedError
 from agent_cache.gateway.keys import ApiKey
 from agent_cache.store import keys, lua
 
@@ -186,7 +187,7 @@ class RateLimits:
 
     def __init__(self, redis_url: str | None, prefix: str) -> None:
         self.redis_url = redis_url
-        self._tag = keys.tag(prefix)
+        self.prefix = prefix
         self.replica = uuid.uuid4().hex[:16]
         self.replicas = 1  # live replicas, as Redis last said
         self._client: Any = None
@@ -281,11 +282,10 @@ class RateLimits:
         decides alone). ``settle``: the second a settled call was admitted in, and what it used."""
         if self.redis_url is None or time.monotonic() < self._away_until:
             return None
-        member = keys.member(grant.tenant, "")
         try:
             script = self._get_script()
-            raw = await script(keys=[f"{self._tag}:rl:r:{member}", f"{self._tag}:rl:t:{member}",
-                                     f"{self._tag}:rl:replicas"],
+            raw = await script(keys=[keys.rate_requests(self.prefix, grant.tenant),
+                                     keys.rate_tokens(self.prefix, grant.tenant), keys.rate_replicas(self.prefix)],
                                args=[op, grant.rpm or 0, grant.tpm or 0, tokens, self.replica,
                                      int(REPLICA_TTL * 1000), *settle])
         except Exception as exc:  # redis-py's errors, sockets' OSError: Redis is away for now

@@ -22,7 +22,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from agent_cache.errors import ConfigError, StoreError
+from agent_cache.errors import StoreError, StoreRefusedError
 from agent_cache.gateway.responses import JSONResponse
 from agent_cache.routing.health import CLOSED, HALF_OPEN
 from agent_cache.routing.router import Router
@@ -72,7 +72,7 @@ async def store_state(router: Router) -> str:
             await asyncio.wait_for(store.aping(), STORE_PING_TIMEOUT)
         else:  # a sync-only store: its ping off the event loop
             await asyncio.wait_for(asyncio.to_thread(store.ping), STORE_PING_TIMEOUT)
-    except ConfigError:  # the store refuses this client: every call would fail
+    except StoreRefusedError:  # the store refuses this client: every call would fail
         return "refused"
     except (StoreError, asyncio.TimeoutError):
         return "degraded"

@@ -61,7 +61,7 @@ class _Server(uvicorn.Server):
 def check_port(port: int, flag: str) -> None:
     """ConfigError naming ``flag`` for a port no socket can have (checked with the configuration, before
     anything is bound)."""
-    if not 0 <= port <= 65535:
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
         raise ConfigError(flag, f"a port is 0-65535, got {port}")
 
 

@@ -27,8 +27,8 @@ from agent_cache.calls import attempt as attempts
 from agent_cache.calls.httpx_transport import HttpxTransport, SyncHttpxTransport
 from agent_cache.calls.prepare import CHAT, Call, prepare
 from agent_cache.calls.served import Served
-from agent_cache.errors import ConfigError, TemplateError
-from agent_cache.routing.config import check_tenant
+from agent_cache.errors import ConfigError, InvalidRequestError, TemplateError
+from agent_cache.routing.config import DEFAULT_MAX_ATTEMPTS, DEFAULT_PROBE_INTERVAL, check_tenant
 from agent_cache.routing.lifecycle import RETRY_BACKOFF, Attempt, CallLifecycle
 from agent_cache.routing.router import Placement, Router
 from agent_cache.telemetry import tracing
@@ -40,8 +40,6 @@ from agent_cache.langchain.options import checked_kwargs, unknown_option
 from agent_cache.langchain.output import AttemptOutput
 from agent_cache.langchain.sessions import conversation_session, resolve_session_id, session_from_config
 from agent_cache.langchain.structured import structured_output, tool_kwargs
-
-DEFAULT_PROBE_INTERVAL = 5.0  # active /health probes when there is more than one worker to fail over to
 
 # kwargs of a call that configure this model rather than the request body
 _LOCAL_KWARGS = (
@@ -89,7 +87,7 @@ class ChatSGLang(BaseChatModel):
     max_tokens: int | None = None
     timeout: float | None = 120.0
     stall_timeout: float | None = 30.0
-    max_retries: int = 2
+    max_retries: int = DEFAULT_MAX_ATTEMPTS - 1  # the Router's max_attempts, counted as retries (LangChain's name)
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
     stream_usage: bool = True
@@ -148,7 +146,7 @@ class ChatSGLang(BaseChatModel):
             urls = [self.base_url] if self.base_url else list(self.workers or [])
             interval = self.health_probe_interval
             if "health_probe_interval" not in self.model_fields_set and len(urls) > 1:
-                interval = DEFAULT_PROBE_INTERVAL  # a hung worker is found without a call waiting on it
+                interval = DEFAULT_PROBE_INTERVAL  # several workers: a hung one is found without a call waiting on it
             redis_url = self.redis_url.get_secret_value() if self.redis_url is not None else None
             router = Router(urls, redis_url=redis_url, probe_interval=interval)
         try:
@@ -190,8 +188,11 @@ class ChatSGLang(BaseChatModel):
             raise ConfigError("pool", f"no worker is in pool {self.pool!r}; the workers' pools: {pools}")
         options = {"temperature": self.temperature, "max_tokens": self.max_tokens, "stop": self.stop,
                    **self.model_kwargs, "extra_body": self.extra_body}
-        check_chat_request([], {k: v for k, v in options.items() if v is not None},
-                           {"extra_key": router.extra_key_for(self.tenant)})
+        try:
+            check_chat_request([], {k: v for k, v in options.items() if v is not None},
+                               {"extra_key": router.extra_key_for(self.tenant)})
+        except InvalidRequestError as exc:  # the model's own options: its configuration, not one call's request
+            raise ConfigError(exc.field, str(exc).split(": ", 1)[-1]) from None
 
     @property
     def routing(self) -> Router:

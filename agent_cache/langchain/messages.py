@@ -20,7 +20,7 @@ from langchain_core.messages import (
 from langchain_core.messages.tool import tool_call_chunk
 
 from agent_cache.backends.protocol import ChatChunk
-from agent_cache.errors import ConfigError
+from agent_cache.errors import InvalidRequestError
 
 
 def _parts(content: Any) -> str | list[dict[str, Any]]:
@@ -35,7 +35,7 @@ def _parts(content: Any) -> str | list[dict[str, Any]]:
             parts.append({"type": "text", "text": str(part.get("text", ""))})
         elif isinstance(part, dict) and part.get("type") == "image_url":
             if not part.get("image_url"):
-                raise ConfigError(f"content[{j}].image_url", "an image_url part needs its image_url")
+                raise InvalidRequestError(f"content[{j}].image_url", "an image_url part needs its image_url")
             parts.append({"type": "image_url", "image_url": part["image_url"]})
         # other blocks (tool_use, reasoning, ...) carry nothing the worker renders
     return parts
@@ -79,7 +79,7 @@ def to_openai_message(message: BaseMessage) -> dict[str, Any]:
         return {"role": "tool", "content": _text(message.content), "name": message.name}
     if isinstance(message, ChatMessage):
         return {"role": message.role, "content": _parts(message.content)}
-    raise ConfigError("type", f"unsupported message type {type(message).__name__}")
+    raise InvalidRequestError("type", f"unsupported message type {type(message).__name__}")
 
 
 def to_openai_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
@@ -87,9 +87,9 @@ def to_openai_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         try:
             out.append(to_openai_message(m))
-        except ConfigError as exc:  # name the message: messages[2].content[0].image_url
+        except InvalidRequestError as exc:  # name the message: messages[2].content[0].image_url
             field = exc.field if exc.field.startswith("messages") else f"messages[{i}].{exc.field}"
-            raise ConfigError(field, str(exc).split(": ", 1)[-1]) from None
+            raise InvalidRequestError(field, str(exc).split(": ", 1)[-1]) from None
     return out
 
 

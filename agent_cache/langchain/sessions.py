@@ -19,7 +19,7 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config
 
-from agent_cache.errors import ConfigError
+from agent_cache.errors import InvalidRequestError
 from agent_cache.routing.conversation import conversation_session
 
 __all__ = ["conversation_session", "resolve_session_id", "session_from_config"]
@@ -58,6 +58,6 @@ def resolve_session_id(
         if value is None:
             continue
         if not isinstance(value, (str, int, uuid.UUID)) or str(value) == "":
-            raise ConfigError("session_id", f"expected a non-empty string, got {value!r}")
+            raise InvalidRequestError("session_id", f"expected a non-empty string, got {value!r}")
         return str(value)
     return infer() if infer is not None else f"anon-{uuid.uuid4().hex}"

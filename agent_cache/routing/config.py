@@ -14,6 +14,8 @@ from agent_cache.errors import ConfigError
 from agent_cache.placement.rule import Policy
 
 DEFAULT_POOL = "default"
+DEFAULT_PROBE_INTERVAL = 5.0  # seconds between active /health probes (Router, ChatSGLang with several workers, serve)
+DEFAULT_MAX_ATTEMPTS = 3  # tries of a call across workers (Router, serve; ChatSGLang's max_retries is this less one)
 # A session id is part of every store key of its session (three times in
 # Redis); a longer one is stored as its SHA-256, never raw.
 MAX_SESSION_ID = 256
@@ -98,9 +100,8 @@ def check_tenant(tenant: object, field: str = "tenant") -> str:
         raise ConfigError(field, f"expected a non-empty string, got {tenant!r}")
     if len(tenant) > MAX_TENANT:
         raise ConfigError(field, f"at most {MAX_TENANT} characters, got {len(tenant)}")
-    if not tenant.isprintable():
+    if not tenant.isprintable():  # refuses lone surrogates too (not UTF-8): a configuration error, not a request's
         raise ConfigError(field, f"must not contain control characters, got {tenant!r}")
-    check_text(tenant, field)
     return tenant
 
 

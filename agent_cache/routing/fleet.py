@@ -35,7 +35,8 @@ logger = logging.getLogger("agent_cache.fleet")
 
 DEFAULT_REFRESH = 2.0  # seconds between reads of the shared board
 DEFAULT_DNS_INTERVAL = 10.0  # seconds between DNS resolutions
-DEFAULT_DRAIN_TIMEOUT = 120.0  # the longest a draining worker waits for its in-flight calls
+# the longest a removed worker drains (--worker-drain-timeout); not the gateway's own --drain-timeout on SIGTERM
+DEFAULT_WORKER_DRAIN_TIMEOUT = 120.0
 GONE_RETENTION = 60.0  # s a removed worker's entry stays on the board (at least 10 refreshes)
 STATIC = "static"  # the source of a worker given on the command line
 ADMIN, DNS = "admin", "dns"
@@ -48,7 +49,7 @@ class FleetConfig:
     dns: tuple[DnsTarget, ...] = ()
     dns_interval: float = DEFAULT_DNS_INTERVAL
     dns_hosts: str | None = None  # a hosts-format file resolving the DNS names instead of the system
-    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    drain_timeout: float = DEFAULT_WORKER_DRAIN_TIMEOUT
     refresh: float = DEFAULT_REFRESH
     admin_on_loopback: bool = False  # without API keys, the admin endpoints answer loopback clients
 
@@ -152,7 +153,7 @@ class Fleet:
                 entries = self.board.entries()
                 entries = self._finish_drains(entries)
                 entries = self._prune(entries)
-            except (StoreError, ConfigError) as exc:
+            except StoreError as exc:
                 self._warn(f"fleet board unavailable, keeping the current workers: {exc}")
                 return
             self._apply(entries)
@@ -201,7 +202,7 @@ class Fleet:
         """Calls in flight per worker in the store (every replica's); None when the store cannot say."""
         try:
             stats = self.router.store.stats(now, templates=False)
-        except (StoreError, ConfigError):
+        except StoreError:
             return None
         return {url: int(w.get("inflight", 0)) for url, w in stats["workers"].items()}
 
@@ -266,7 +267,7 @@ class Fleet:
                 for e in entries.values():
                     if e.source == DNS and e.state == UP and e.url not in found:
                         self.board.replace(FleetEntry(e.url, e.pool, DRAINING, now, DNS), e)
-        except (StoreError, ConfigError) as exc:
+        except StoreError as exc:
             self._warn(f"fleet board unavailable, DNS discovery not recorded: {exc}")
 
     # --- background thread --------------------------------------------------------------

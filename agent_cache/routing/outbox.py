@@ -14,7 +14,7 @@ import threading
 from typing import Any, Callable
 
 from agent_cache.background import Flusher
-from agent_cache.errors import ConfigError, StoreError
+from agent_cache.errors import StoreError
 from agent_cache.routing.degraded import StoreAvailability
 from agent_cache.routing.releases import PendingReleases
 from agent_cache.routing.store_ops import Flow, StoreOp, run
@@ -28,7 +28,7 @@ class Outbox:
     releases wait for the next one, reports are dropped).
     """
 
-    def __init__(self, store: Any, availability: StoreAvailability, on_error: Callable[[StoreError | ConfigError], None],
+    def __init__(self, store: Any, availability: StoreAvailability, on_error: Callable[[StoreError], None],
                  clock: Callable[[], float], release_delay: float, lease: float) -> None:
         self.store = store
         self.availability = availability
@@ -90,7 +90,7 @@ class Outbox:
             return
         try:
             yield command
-        except (StoreError, ConfigError) as exc:  # a Redis refusing this client fails routes, not background writes
+        except StoreError as exc:  # a Redis refusing this client fails routes, not background writes
             self._on_error(exc)
         else:
             self.pending.acknowledge(releases)

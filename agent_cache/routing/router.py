@@ -22,11 +22,13 @@ from typing import AbstractSet, Any, Awaitable, Callable, Mapping, Sequence, Typ
 
 from agent_cache import exit_flush
 from agent_cache.backends.protocol import Usage
-from agent_cache.errors import (BackendError, ConfigError, NoHealthyWorkerError, RoutingError, StoreError,
-                                StoreUnavailableError)
+from agent_cache.errors import (BackendError, ConfigError, InvalidRequestError, NoHealthyWorkerError, RoutingError,
+                                StoreError, StoreUnavailableError)
 from agent_cache.routing.async_face import AsyncFace
 from agent_cache.routing.config import (
+    DEFAULT_MAX_ATTEMPTS,
     DEFAULT_POOL,
+    DEFAULT_PROBE_INTERVAL,
     WorkerConfig,
     check_policy,
     check_router_args,
@@ -106,11 +108,11 @@ class Router(AsyncFace):
         session_ttl: float = DEFAULT_SESSION_TTL,
         policy: Policy | None = None,
         pools: Mapping[str, float] | None = None,
-        probe_interval: float | None = 5.0,
+        probe_interval: float | None = DEFAULT_PROBE_INTERVAL,
         probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
         failure_threshold: int = 3,
         cooldown: float = 2.0,
-        max_attempts: int = 3,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         default_capacity: int = DEFAULT_CAPACITY,
         capacities: Mapping[str, int] | None = None,
         registry: Any = None,
@@ -258,7 +260,7 @@ class Router(AsyncFace):
 
     def _query(self, request: RouteRequest, exclude: set[str], trials: set[str] | None = None) -> RouteQuery:
         if not isinstance(request.session_id, str) or not request.session_id:
-            raise ConfigError("session_id", "a non-empty session id is needed to route")
+            raise InvalidRequestError("session_id", "a non-empty session id is needed to route")
         check_tenant(request.tenant)
         pool, kv, tid = self.pool_for(request), self.kv_events, request.template_id
         specs, sid = self.specs(pool, exclude, trials), session_key(request.session_id)
@@ -407,7 +409,7 @@ class Router(AsyncFace):
         """
         run(self.store, self._report(placement, prompt_tokens, cached_tokens))
 
-    def _store_failed(self, exc: StoreError | ConfigError) -> None:
+    def _store_failed(self, exc: StoreError) -> None:
         if isinstance(exc, StoreUnavailableError):
             self.availability.failed(exc)
             self.metrics.degraded.set(1)
@@ -487,7 +489,7 @@ class Router(AsyncFace):
             return
         try:
             stats = self.store.stats(self._clock(), templates=False)  # workers only: cheap at any template count
-        except (StoreError, ConfigError):
+        except StoreError:
             return
         # The store keeps a record of every worker it was ever asked about, removed ones included: only
         # the configured ones are labelled, under the lock that removes a worker (whose series it drops

@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from agent_cache.errors import ConfigError, StoreError
+from agent_cache.errors import StoreError
 from agent_cache.store.base import MetadataStore
 from agent_cache.store.stats import stats_snapshot
 
@@ -39,7 +39,7 @@ class StoreCollector(Collector):
         up = GaugeMetricFamily("agent_cache_store_up", "1 if the metadata store answered this scrape")
         try:
             snapshot = stats_snapshot(self.store, time.time())
-        except (StoreError, ConfigError):
+        except StoreError:
             up.add_metric([], 0)
             yield up
             return

@@ -20,7 +20,6 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from agent_cache.errors import ConfigError
 from agent_cache.store import keys, lua
 
 UP, DRAINING, GONE = "up", "draining", "gone"
@@ -106,9 +105,7 @@ class RedisFleetBoard:
         self._failures = (redis.exceptions.RedisError, OSError)
         self._map_error = map_error
         validate_redis_url(url)
-        if not prefix or "{" in prefix or "}" in prefix:
-            raise ConfigError("prefix", f"prefix must be non-empty without braces, got {prefix!r}")
-        self.key = f"{keys.tag(prefix)}:fleet"
+        self.key = keys.fleet(keys.check_prefix(prefix))
         options = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout}
         self._client: Any = make_client(url, options, cluster=is_cluster(url), asyncio=False)
         self._set = self._client.register_script(_SET)

@@ -86,7 +86,7 @@ def validate_redis_url(url: str, field: str = "redis_url") -> str:
     return url
 
 
-def map_error(exc: Exception) -> StoreError | ConfigError:
+def map_error(exc: Exception) -> StoreError:
     """The agent-cache error for a redis-py error (or an OSError from a socket)."""
     shown = redact_url(exc)
     cause = next((words for reply, words in _REFUSALS if reply in str(exc)), None)

@@ -67,14 +67,14 @@ class RedisStore:
             raise ConfigError("redis_url", "pass a Redis URL or a client")
         if url is not None:
             validate_redis_url(url)
-        if not prefix or "{" in prefix or "}" in prefix:
-            raise ConfigError("prefix", f"prefix must be non-empty without braces, got {prefix!r}")
+        keys.check_prefix(prefix)
         self.url = url
         self.prefix = prefix
         self.session_ttl = session_ttl
         self.template_window = template_window
         self._retention = template_retention(session_ttl, template_window)
         self._tag = keys.tag(prefix)
+        self._keys = keys.script_keys(prefix)  # declared first by every script call (keys.SCRIPT_KEYS)
         self._cluster = cluster or is_cluster(url)
         self._options = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout, **redis_options}
         self._client = client if client is not None else self._make(asyncio=False)
@@ -132,7 +132,7 @@ class RedisStore:
         reports: Sequence[UsageReport] = (),
     ) -> _Script:
         tid = q.template_id or ""
-        k = [keys.session(self.prefix, q.tenant, q.session_id), keys.template(self.prefix, q.tenant, tid)]
+        k = [*self._keys, keys.session(self.prefix, q.tenant, q.session_id), keys.template(self.prefix, q.tenant, tid)]
         args: list[Any] = [
             self._tag, keys.member(q.tenant, q.session_id), tid, q.pool, q.tenant, q.session_id,
             to_ms(now), to_ms(self.session_ttl), to_ms(self.template_window),
@@ -155,15 +155,15 @@ class RedisStore:
 
     def _reports_call(self, reports: Sequence[UsageReport], releases: Releases) -> _Script:
         args = [self._tag, *self._reports_args(reports), *_release_args(releases)]
-        return _Script("reports", [keys.inflight(self.prefix)], args)
+        return _Script("reports", list(self._keys), args)
 
     def _release_call(self, releases: ReleaseBatch | Mapping[str, int]) -> _Script | None:
         args = _release_args(releases)
-        return _Script("release", [keys.inflight(self.prefix)], [self._tag, *args]) if args else None
+        return _Script("release", list(self._keys), [self._tag, *args]) if args else None
 
     def _abandon_call(self, tenant: str, sid: str, worker: str, epoch: int, tid: str | None,
                       releases: Releases) -> _Script:
-        k = [keys.session(self.prefix, tenant, sid), keys.template(self.prefix, tenant, tid or "")]
+        k = [*self._keys, keys.session(self.prefix, tenant, sid), keys.template(self.prefix, tenant, tid or "")]
         return _Script("abandon", k, [self._tag, keys.member(tenant, sid), worker, int(epoch),
                                       *_release_args(releases)])
 
@@ -188,7 +188,7 @@ class RedisStore:
     def renew(self, lease: Lease, held: Mapping[str, int], now: float, releases: Releases = None) -> None:
         truth = "".join(f"{url} {int(n)}\n" for url, n in held.items() if n > 0)
         args = [self._tag, to_ms(now), to_ms(lease.seconds), truth, *_release_args(releases, lease.source)]
-        self._run(_Script("renew", [keys.inflight(self.prefix)], args))
+        self._run(_Script("renew", list(self._keys), args))
 
     def release(self, worker: str, now: float) -> None:
         self.release_many({worker: 1}, now)

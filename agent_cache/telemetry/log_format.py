@@ -15,7 +15,8 @@ from typing import Any
 
 from agent_cache.errors import ConfigError
 
-FORMATS = ("text", "json")
+FORMATS = ("text", "json")  # the first is the default
+DEFAULT_LEVEL = "warning"
 ACCESS_LOGGER = "agent_cache.access"
 FIELDS = "access"  # the ``extra`` key an access log record carries its fields under
 LEVEL_ALIASES = {"warn": "warning"}  # smg's spelling (``smg launch --log-level warn``)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from agent_cache.background import Flusher
-from agent_cache.errors import ConfigError, StoreError
+from agent_cache.errors import StoreError
 from agent_cache.templates.templater import NormalizedPrompt
 
 logger = logging.getLogger("agent_cache.templates")
@@ -92,7 +92,7 @@ class TemplateRegistry:
                 rec = self._pending[0]
             try:
                 self.store.record_template(rec.tenant, rec.template_id, rec.token_length, rec.session_id, rec.now)
-            except (StoreError, ConfigError) as exc:  # bookkeeping only: must not fail a call
+            except StoreError as exc:  # bookkeeping only: must not fail a call
                 logger.warning("%d template record(s) not written yet: %s", len(self._pending), exc)
                 return
             with self._lock:

@@ -8,7 +8,7 @@ from collections import OrderedDict
 import pytest
 
 from agent_cache.backends.request_check import _clean, _explain, check_chat_request
-from agent_cache.errors import ConfigError
+from agent_cache.errors import InvalidRequestError
 
 
 class Level(enum.IntEnum):
@@ -34,13 +34,13 @@ def test_the_quick_walk_never_accepts_what_the_naming_walk_refuses(value: object
     try:
         _explain(value, "x")
         refused = False
-    except ConfigError:
+    except InvalidRequestError:
         refused = True
     assert not (_clean(value) and refused)
 
 
 def test_a_bad_part_deep_in_the_messages_is_named() -> None:
     messages = [{"role": "user", "content": "ok"}, {"role": "tool", "content": [{"type": "text", "text": "a\ud800"}]}]
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(InvalidRequestError) as err:
         check_chat_request(messages, {}, {"extra_key": None})
     assert err.value.field == "messages[1].content[0].text"

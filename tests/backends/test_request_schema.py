@@ -1,4 +1,4 @@
-"""The request checks over random JSON: a request passes or fails with ConfigError naming a field."""
+"""The request checks over random JSON: a request passes or fails with InvalidRequestError naming a field."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from agent_cache.backends.protocol import CHAT_FIELDS
 from agent_cache.backends.request_check import check_chat_request
 from agent_cache.backends.request_schema import CHAT, MAX_DEPTH, check_depth
-from agent_cache.errors import ConfigError
+from agent_cache.errors import InvalidRequestError
 from agent_cache.gateway.requests import COMPLETION_FIELDS, GENERATE_FIELDS
 
 _json = st.recursive(
@@ -37,7 +37,7 @@ def _deep(levels: int) -> Any:
 def test_random_json_passes_or_names_a_field(messages, params, fields):
     try:
         check_chat_request(messages, params, {"extra_key": None}, fields=fields)
-    except ConfigError as exc:
+    except InvalidRequestError as exc:
         assert exc.field and isinstance(exc.field, str)
 
 
@@ -48,7 +48,7 @@ def test_any_depth_is_refused_without_recursion(field, levels):
     try:
         check_chat_request([{"role": "user", "content": "x"}], params, {"extra_key": None},
                            fields=CHAT_FIELDS | {field})
-    except ConfigError as exc:
+    except InvalidRequestError as exc:
         assert exc.field.split(".")[0].split("[")[0] == field
     else:
         raise AssertionError("accepted")
@@ -58,7 +58,7 @@ def test_depth_limit_is_exact():
     check_depth({"x": _deep(MAX_DEPTH)})
     try:
         check_depth({"x": _deep(MAX_DEPTH + 1)})
-    except ConfigError as exc:
+    except InvalidRequestError as exc:
         assert exc.field == "x"
     else:
         raise AssertionError("accepted")
@@ -70,7 +70,7 @@ def test_strict_types_name_the_field():
                           ({"tools": [{"function": {"name": "f"}}], "tool_choice": True}, "tool_choice")):
         try:
             check_chat_request([{"role": "user", "content": "x"}], params, {"extra_key": None})
-        except ConfigError as exc:
+        except InvalidRequestError as exc:
             assert exc.field == field, (params, exc.field)
         else:
             raise AssertionError(f"accepted {params}")

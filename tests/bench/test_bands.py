@@ -12,6 +12,8 @@ from agent_cache.bench import bands
 from agent_cache.bench.runner import main_bench
 from agent_cache.sim.latency import latency_model
 
+pytestmark = pytest.mark.slow  # its module fixture runs a benchmark over several seeds
+
 
 def test_band_is_min_median_max_of_what_exists() -> None:
     assert bands.band([3.0, 1.0, None, 2.0, 10.0]) == [1.0, 2.5, 10.0]
@@ -37,6 +39,7 @@ def banded(tmp_path_factory) -> tuple[Path, dict]:
     return out, json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow
 def test_results_carry_bands_over_every_run(banded) -> None:
     out, doc = banded
     assert [(r["seed"], r["latency"]) for r in doc["band_runs"]] == [

@@ -14,6 +14,8 @@ import pytest
 from agent_cache.bench.runner import ALL_POLICIES, main_bench
 from agent_cache.traces import iter_trace
 
+pytestmark = pytest.mark.slow  # its module fixture runs whole benchmarks
+
 TRACE = Path(__file__).resolve().parents[1] / "data" / "reflexion_hotpotqa.jsonl.gz"
 DOCUMENTED = ("token_hit_rate", "oracle_fraction", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s",
               "mean_session_latency_s", "throughput_sessions_per_s", "prompt_tokens_per_s", "output_tokens_per_s",

@@ -81,6 +81,7 @@ def test_each_step_is_cached_past_the_previous_prompt(fleet) -> None:
     assert all(cached <= prompt for prompt, cached, _ in recorded), recorded
 
 
+@pytest.mark.slow
 def test_a_given_fleet_runs_every_session_and_is_named_in_the_results(fleet, tmp_path: Path) -> None:
     rc = main_bench(["--engine", "real", "--worker-urls", ",".join(fleet.urls), "--sessions", "4", "--rate", "20",
                      "--policies", "consistent-hash,agent-cache,agent-cache-gateway", "--answer-tokens", "8",

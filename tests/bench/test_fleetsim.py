@@ -84,6 +84,7 @@ def test_sticky_policy_hits_every_later_call_with_room() -> None:
     assert res.cached_tokens >= expected  # every later call hits its whole history
 
 
+@pytest.mark.slow
 def test_small_capacity_evicts_and_stays_bounded() -> None:
     ss = generate(WorkloadParams(sessions=60, rate=20, seed=10))
     cfg = FleetConfig(workers=2, capacity_tokens=6_000)

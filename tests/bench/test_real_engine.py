@@ -29,6 +29,8 @@ from agent_cache.bench.realfleet import (
 )
 from agent_cache.bench.runner import main_bench
 
+pytestmark = pytest.mark.slow  # its module fixture runs every policy on real processes
+
 SMG = shutil.which("smg")
 POLICIES = ["round-robin", "consistent-hash", "agent-cache", "agent-cache-gateway-kv"] + (
     ["smg-consistent_hashing"] if SMG else [])

@@ -7,6 +7,7 @@ import pytest
 from agent_cache.bench.transport_cpu import main
 
 
+@pytest.mark.slow
 def test_the_table_has_a_cpu_figure_per_transport(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--calls", "3"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "ms)" in line]

@@ -20,6 +20,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+pytestmark = pytest.mark.slow  # it executes the example notebooks and scripts end to end
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NAMES = ["react_agent", "reflexion_agent", "multi_worker_routing", "openai_gateway"]
 
@@ -134,6 +136,7 @@ def executed(scripts, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_notebook_executes(name, executed):
     nb = executed[name]
     if isinstance(nb, BaseException):

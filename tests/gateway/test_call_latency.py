@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent_cache.bench.realfleet import AgentCacheGateways
@@ -67,6 +68,7 @@ def _call(url: str, key: str, path: str, body: dict[str, Any], session: str) -> 
     return worker, {"input": usage["prompt_tokens"], "output": usage["completion_tokens"], "cached": cached}
 
 
+@pytest.mark.slow
 def test_a_gateways_calls_are_timed_per_worker_and_its_tenants_tokens_add_up(procs, redis_url, tmp_path):
     keys = tmp_path / "keys"
     keys.write_text("".join(f"{key} {tenant}\n" for key, tenant in KEYS.items()))

@@ -149,6 +149,7 @@ def _keys(prefix: str) -> list[bytes]:
     return list(redis.Redis.from_url(REDIS).scan_iter(match=f"*{prefix}*", count=1000))
 
 
+@pytest.mark.slow
 def test_bad_requests_get_openai_errors_naming_the_field_and_write_nothing(procs, fleet):
     prefix = f"t-{uuid.uuid4().hex[:10]}"
     gw = _gateway(procs, fleet, "--max-body-bytes", "20000", prefix=prefix)
@@ -255,6 +256,7 @@ def test_completions_and_generate_are_sticky_per_session(procs, fleet):
     assert r.json()["meta_info"]["cached_tokens"] > 100
 
 
+@pytest.mark.slow
 def test_health_models_and_metrics(procs, fleet):
     gw = _gateway(procs, fleet)
     health = httpx.get(gw.urls[0] + "/health").json()
@@ -323,6 +325,7 @@ def test_a_worker_killed_mid_run_fails_no_agent_step(procs):
         assert victim not in after.values()
 
 
+@pytest.mark.slow
 def test_redis_killed_mid_run_fails_no_call(procs, fleet, redis_server_factory):
     server = redis_server_factory()
     gw = _gateway(procs, fleet, redis_url=server.url)
@@ -496,7 +499,7 @@ def test_a_client_that_leaves_frees_its_slot_at_once(procs):
 def test_tenant_owned_fields_cannot_be_passed_through_or_collide(procs, fleet, tmp_path):
     out = subprocess.run([sys.executable, "-m", "agent_cache.cli", "serve", "--workers", fleet.urls[0],
                           "--extra-fields", "sim_output,extra_key"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "extra_fields" in out.stderr and "extra_key" in out.stderr
+    assert out.returncode == 2 and "--extra-fields:" in out.stderr and "extra_key" in out.stderr
     keys = tmp_path / "keys"
     keys.write_text("sk-a team-a\n")
     gw = _gateway(procs, fleet, "--api-keys", str(keys))

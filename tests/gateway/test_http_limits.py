@@ -296,6 +296,7 @@ async def _slow_header_connections(port: int, count: int, stop: threading.Event,
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@pytest.mark.slow
 def test_calls_survive_more_slow_header_connections_than_file_descriptors(procs, fleet):
     """A gateway with 256 file descriptors under 400 slow-header connections, each reopened at once
     when closed, answers every legitimate call, 32 at a time, over kept-alive connections and over

@@ -35,16 +35,16 @@ def test_options_give_limits_role_pools_and_allowed_fields(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("line", "says"), [
-    ("k1 acme rpm=0", "rpm= takes a whole number above 0"),
-    ("k1 acme tpm=ten", "tpm= takes a whole number above 0"),
-    ("k1 acme concurrency=-1", "concurrency= takes a whole number above 0"),
-    ("k1 acme role=root", "role= takes one of user, admin"),
-    ("k1 acme allow=temperature", "allow= names fields that are not reserved: temperature"),
-    ("k1 acme limit=5", "unknown option 'limit'"),
-    ("k1 acme rpm=5 rpm=6", "rpm= given twice"),
-    ("k1 acme small pools=large", "the pool 'small' is not among pools=large"),
-    ("k1", "expected 'KEY TENANT [POOL] [name=value ...]'"),
-    ("k1 acme rpm=5 gpu", "expected 'KEY TENANT [POOL] [name=value ...]'"),
+    ("k1 acme rpm=0", "rpm: takes a whole number above 0"),
+    ("k1 acme tpm=ten", "tpm: takes a whole number above 0"),
+    ("k1 acme concurrency=-1", "concurrency: takes a whole number above 0"),
+    ("k1 acme role=root", "role: takes one of user, admin"),
+    ("k1 acme allow=temperature", "allow: names fields that are not reserved: temperature"),
+    ("k1 acme limit=5", "limit: unknown option"),
+    ("k1 acme rpm=5 rpm=6", "rpm: given twice"),
+    ("k1 acme small pools=large", "pools: the pool 'small' is not among pools=large"),
+    ("k1", "line: expected 'KEY TENANT [POOL] [name=value ...]'"),
+    ("k1 acme rpm=5 gpu", "line: expected 'KEY TENANT [POOL] [name=value ...]'"),
 ])
 def test_a_wrong_line_is_refused_naming_the_line_and_not_the_key(tmp_path: Path, line: str, says: str) -> None:
     with pytest.raises(ConfigError) as caught:

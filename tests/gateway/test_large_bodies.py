@@ -8,6 +8,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from agent_cache.bench.realfleet import AgentCacheGateways
 from agent_cache.sim import SimFleet
@@ -15,6 +16,7 @@ from agent_cache.sim import SimFleet
 CALL = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
+@pytest.mark.slow
 def test_a_large_body_stalls_no_other_call(procs, tmp_path):
     keys = tmp_path / "keys"
     keys.write_text("sk-a team-a\nsk-b team-b\n")

@@ -11,7 +11,7 @@ import pytest
 
 from agent_cache.backends.protocol import Usage
 from agent_cache.bench.realfleet import AgentCacheGateways, Processes
-from agent_cache.errors import RequestRejectedError
+from agent_cache.gateway.errors import RequestRejectedError
 from agent_cache.gateway.keys import ApiKey
 from agent_cache.gateway.ratelimit import RateLimits, duration
 from agent_cache.sim import SimFleet

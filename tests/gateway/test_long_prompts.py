@@ -8,6 +8,7 @@ import random
 import threading
 
 import httpx
+import pytest
 
 from agent_cache.bench.realfleet import AgentCacheGateways
 from agent_cache.sim import SimFleet
@@ -21,6 +22,7 @@ def _failures(metrics: str) -> float:
                if line.startswith("agent_cache_failovers_total"))
 
 
+@pytest.mark.slow
 def test_long_prompts_count_against_no_worker_and_move_no_session(procs, tmp_path):
     keys = tmp_path / "keys"
     keys.write_text("sk-a team-a\nsk-b team-b\nsk-admin ops role=admin\n")

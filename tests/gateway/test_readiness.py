@@ -44,6 +44,7 @@ def _no_urls(*bodies: Any) -> None:
         assert "http://" not in str(body) and "127.0.0.1" not in str(body), body
 
 
+@pytest.mark.slow
 def test_ready_while_any_pool_has_a_healthy_worker_and_health_stays_live():
     with SimFleet(3) as fleet, Processes() as procs:
         a, b1, b2 = fleet.urls

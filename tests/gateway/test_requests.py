@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agent_cache.errors import ConfigError
+from agent_cache.errors import InvalidRequestError
 from agent_cache.gateway.keys import ApiKey
 from agent_cache.gateway.requests import COMPLETIONS, parse_json_body, prepare
 
@@ -22,7 +22,7 @@ def test_json_that_orjson_refuses_but_json_allows_still_parses() -> None:
 @pytest.mark.parametrize("raw", [b'{"temperature": NaN}', b'{"temperature": -Infinity}', b"{not json",
                                  b'{"a": "\xff"}', b"[1]"])
 def test_what_json_does_not_allow_is_refused_naming_the_body(raw: bytes) -> None:
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(InvalidRequestError) as err:
         parse_json_body(raw)
     assert err.value.field == "body"
 

@@ -76,6 +76,7 @@ def test_a_redis_that_refuses_the_gateway_stops_it_with_one_line(fleet, secured,
     assert "wrongpw" not in err and "s3cret" not in err, case  # the password is never printed
 
 
+@pytest.mark.slow
 def test_a_password_given_to_a_redis_without_one_is_refused_or_served_never_half(fleet, redis_server) -> None:
     # RESP2 sends AUTH <password>, which such a Redis refuses: the gateway stops at start-up
     code, lines, err = _stopped(fleet.urls[0], f"redis://:wrongpw@127.0.0.1:{redis_server.port}/0?protocol=2")

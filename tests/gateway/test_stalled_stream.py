@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from agent_cache.bench.realfleet import AgentCacheGateways, Processes
 from tests.gateway.intercepted_worker import InterceptedWorker
@@ -26,6 +27,7 @@ async def _hang_after_two_events(scope: dict[str, Any], receive: Any, send: Any)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+@pytest.mark.slow
 def test_a_stream_stalled_past_the_bound_ends_with_an_error_event_and_frees_its_slot(tmp_path) -> None:
     worker = InterceptedWorker(_hang_after_two_events)
     worker.server.start()

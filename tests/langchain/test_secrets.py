@@ -18,7 +18,7 @@ from langchain_core.load import dumps
 from langchain_core.messages import HumanMessage
 
 from agent_cache import ChatSGLang
-from agent_cache.errors import ConfigError
+from agent_cache.errors import ConfigError, StoreRefusedError
 from agent_cache.redact import redact_url
 
 CANARY = "canary-pw-7f3a9"
@@ -79,10 +79,10 @@ def test_errors_and_the_stats_command_hide_it(locked_redis) -> None:
     assert from_env.returncode == 0 and from_env.stdout == ok.stdout
 
 
-def test_a_wrong_password_fails_the_call_with_a_config_error(lc_fleet, locked_redis) -> None:
+def test_a_wrong_password_fails_the_call_with_a_store_refusal(lc_fleet, locked_redis) -> None:
     wrong = locked_redis.replace(CANARY, "not-the-password")
     model = ChatSGLang(model="sim", workers=lc_fleet.urls, redis_url=wrong, max_tokens=4)
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(StoreRefusedError) as err:
         model.invoke([HumanMessage("hi")], session_id="s-wrong-pw")
     assert err.value.field == "redis_url" and "not-the-password" not in str(err.value)
     assert not model.routing.availability.degraded  # refused, not away: no silent degraded routing

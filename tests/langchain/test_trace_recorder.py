@@ -10,7 +10,7 @@ import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from agent_cache import ChatSGLang
-from agent_cache.errors import ConfigError
+from agent_cache.errors import ConfigError, InvalidRequestError
 from agent_cache.traces import iter_trace
 
 
@@ -44,7 +44,7 @@ def test_a_recorded_run_reads_back_and_explains(lc_fleet, tmp_path, name) -> Non
 def test_a_rejected_call_is_not_recorded(lc_fleet, tmp_path) -> None:
     path = tmp_path / "t.jsonl"
     model = ChatSGLang(model="sim", workers=lc_fleet.urls, max_tokens=4, trace_path=str(path))
-    with pytest.raises(ConfigError):
+    with pytest.raises(InvalidRequestError):
         model.invoke([HumanMessage("hi")], session_id="s", temperature=-1.0)
     model.invoke([HumanMessage("hi")], session_id="s")
     model.close()

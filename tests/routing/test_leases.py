@@ -121,6 +121,7 @@ def test_a_live_router_keeps_its_counts_past_the_lease_and_renewal_corrects_a_lo
         raw.close()
 
 
+@pytest.mark.slow
 def test_a_killed_gateways_counts_stop_steering_within_seconds(slow_worker, redis_server, prefix) -> None:
     """`agent-cache serve` with its default lease (renewed every 2 s, 6 s expiry), killed mid-call."""
     import threading

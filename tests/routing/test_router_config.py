@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_cache.errors import ConfigError, RoutingError
+from agent_cache.errors import ConfigError, InvalidRequestError, RoutingError
 from agent_cache.routing import RouteRequest, Router
 
 
@@ -85,5 +85,5 @@ def test_unknown_pool_in_request():
     with Router(["http://a:1"], probe_interval=None) as r:
         with pytest.raises(RoutingError):
             r.route(RouteRequest("s", pool="nope"))
-        with pytest.raises(ConfigError):
+        with pytest.raises(InvalidRequestError):  # the route request's, not the router's configuration
             r.route(RouteRequest(""))

@@ -12,7 +12,7 @@ import time
 import pytest
 import redis
 
-from agent_cache.errors import ConfigError, StoreRefusedError, StoreUnavailableError
+from agent_cache.errors import StoreError, StoreRefusedError, StoreUnavailableError
 from agent_cache.placement.rule import Policy
 from agent_cache.store import RedisStore, RouteQuery, WorkerSpec
 
@@ -145,7 +145,7 @@ def test_a_refusing_redis_is_a_store_refused_error_on_check_and_calls_alike(redi
         for attempt in (store.check, lambda: _route(store, "s1"), store.ping):
             with pytest.raises(StoreRefusedError) as err:
                 attempt()
-            assert isinstance(err.value, ConfigError) and err.value.field == "redis_url", case
+            assert isinstance(err.value, StoreError) and err.value.field == "redis_url", case
             assert "wrongpw" not in str(err.value) and "s3cret" not in str(err.value), case
 
         async def on_asyncio() -> None:

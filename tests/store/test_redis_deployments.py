@@ -15,7 +15,7 @@ from typing import Iterator
 import pytest
 import redis
 
-from agent_cache.errors import ConfigError, StoreRefusedError, StoreUnavailableError
+from agent_cache.errors import StoreError, StoreRefusedError, StoreUnavailableError
 from agent_cache.routing import RouteRequest, Router
 from agent_cache.store import RedisStore
 from tests.conftest import NO_REDIS, free_port, redis_server_binary
@@ -130,7 +130,7 @@ def test_password_and_acl_user(servers):
     _check_pins_and_stats(f"redis://:s3cret@127.0.0.1:{port}/0", "pw")
     _check_pins_and_stats(f"redis://agent:pa%3Ass@127.0.0.1:{port}/4", "agent-cache")  # percent-encoded password
     assert redis.Redis(port=port, password="s3cret", db=4).exists("{agent-cache}:live") == 1
-    # Redis answers but refuses this client: a StoreRefusedError (a ConfigError naming redis_url) on first use, not degraded routing
+    # Redis answers but refuses this client: a StoreRefusedError (a StoreError naming redis_url) on first use, not degraded routing
     admin = redis.Redis(port=port, password="s3cret")
     narrow = [c for c in ACL_COMMANDS.split() if c != "+pexpire"]  # a rule one command short
     admin.execute_command("ACL", "SETUSER", "narrow", "on", ">pw", "~{acl}*", *narrow)
@@ -145,7 +145,7 @@ def test_password_and_acl_user(servers):
         router = Router(URLS, redis_url=url, prefix="acl", probe_interval=None)
         with pytest.raises(StoreRefusedError) as err:
             router.route(RouteRequest("s-refused", template_id="t"))
-        assert isinstance(err.value, ConfigError) and err.value.field == "redis_url", case
+        assert isinstance(err.value, StoreError) and err.value.field == "redis_url", case
         assert "s3cret" not in str(err.value) and not router.availability.degraded, case
         router.close()
     unreachable = Router(URLS, redis_url=f"redis://127.0.0.1:{free_port()}/0", prefix="acl", probe_interval=None)

@@ -3,10 +3,10 @@
 -- (every route renews it; a router with calls in flight renews it in the
 -- background). A router that died (a killed client) stops renewing, and the
 -- next route or renewal by anyone takes its counts out of ':inflight'.
-local function reclaim_leases(tag, now)
-  local lz, ikey = tag .. ':leases', tag .. ':inflight'
+local function reclaim_leases(now)
+  local lz, ikey = K.leases, K.inflight
   for _, src in ipairs(redis.call('ZRANGEBYSCORE', lz, '-inf', '(' .. tostring(now), 'LIMIT', 0, 16)) do
-    local lk = tag .. ':lease:' .. src
+    local lk = lease_key(src)
     local held = redis.call('HGETALL', lk)
     redis.call('DEL', lk)
     redis.call('ZREM', lz, src)
@@ -17,10 +17,10 @@ local function reclaim_leases(tag, now)
   end
 end
 
-local function hold(tag, source, url, now, lease_ms)
+local function hold(source, url, now, lease_ms)
   if source == nil or source == '' or lease_ms <= 0 then return end
-  local lk = tag .. ':lease:' .. source
+  local lk = lease_key(source)
   -- its day-long TTL is set as it gains a call, and renewed by every release and RENEW
   if redis.call('HINCRBY', lk, url, 1) == 1 then redis.call('PEXPIRE', lk, 86400000) end
-  redis.call('ZADD', tag .. ':leases', tostring(now + lease_ms), source)
+  redis.call('ZADD', K.leases, tostring(now + lease_ms), source)
 end

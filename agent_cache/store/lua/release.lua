@@ -1,5 +1,4 @@
--- KEYS: the in-flight hash (declared so Redis Cluster sends the script to the
--- deployment's slot). ARGV: tag, then the release batch.
+-- KEYS: the deployment's (store/keys.py). ARGV: tag, then the release batch.
 -- needs: releases
-apply_releases(ARGV[1], 2)
+apply_releases(2)
 return 1

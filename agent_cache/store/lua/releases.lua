@@ -3,11 +3,11 @@
 -- router), then url, running total, unacknowledged delta triples. The last
 -- total applied per source and worker is kept, so a batch delivered twice
 -- (resent after a timeout) is applied once.
-local function apply_releases(tag, first)
+local function apply_releases(first)
   local source = ARGV[first]
   if source == nil then return end
-  local key = tag .. ':inflight'
-  local rkey = tag .. ':rel:' .. source
+  local key = K.inflight
+  local rkey = releases_applied_key(source)
   for i = first + 1, #ARGV, 3 do
     local url, total = ARGV[i], tonumber(ARGV[i + 1])
     local count = tonumber(ARGV[i + 2])
@@ -20,7 +20,7 @@ local function apply_releases(tag, first)
       if redis.call('HINCRBY', key, url, -count) < 0 then redis.call('HSET', key, url, 0) end
       if source ~= '' then
         redis.call('HSET', rkey, url, total)
-        local lk = tag .. ':lease:' .. source
+        local lk = lease_key(source)
         if redis.call('HINCRBY', lk, url, -count) < 0 then redis.call('HSET', lk, url, 0) end
       end
     end
@@ -29,6 +29,6 @@ local function apply_releases(tag, first)
   -- a release: at maxmemory a first write that is not refused would let the script grow memory)
   if source ~= '' and #ARGV > first then
     redis.call('PEXPIRE', rkey, 86400000)
-    redis.call('PEXPIRE', tag .. ':lease:' .. source, 86400000)  -- a no-op when it does not exist
+    redis.call('PEXPIRE', lease_key(source), 86400000)  -- a no-op when it does not exist
   end
 end

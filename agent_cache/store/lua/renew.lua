@@ -1,13 +1,13 @@
--- KEYS: the in-flight hash. ARGV: tag, now (ms), lease (ms), the router's calls
+-- KEYS: the deployment's (store/keys.py). ARGV: tag, now (ms), lease (ms), the router's calls
 -- in flight per worker ("url count" lines), then its release batch (source
 -- first). Sets the router's lease to what it really has in flight (a count
 -- left by a reply that never arrived is corrected here) and renews it.
 -- needs: releases leases
-local tag, now, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-apply_releases(tag, 5)
-reclaim_leases(tag, now)
-local source, ikey = ARGV[5], KEYS[1]
-local lk = tag .. ':lease:' .. source
+local now, lease_ms = tonumber(ARGV[2]), tonumber(ARGV[3])
+apply_releases(5)
+reclaim_leases(now)
+local source, ikey = ARGV[5], K.inflight
+local lk = lease_key(source)
 local truth, total = {}, 0
 for url, c in string.gmatch(ARGV[4], '(%S+) (%d+)\n') do truth[url] = tonumber(c); total = total + tonumber(c) end
 local held = redis.call('HGETALL', lk)
@@ -26,8 +26,8 @@ for url, c in string.gmatch(ARGV[4], '(%S+) (%d+)\n') do
 end
 if total > 0 then
   redis.call('PEXPIRE', lk, 86400000)
-  redis.call('ZADD', tag .. ':leases', tostring(now + lease_ms), source)
+  redis.call('ZADD', K.leases, tostring(now + lease_ms), source)
 else
-  redis.call('ZREM', tag .. ':leases', source)
+  redis.call('ZREM', K.leases, source)
 end
 return 1

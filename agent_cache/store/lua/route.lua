@@ -1,11 +1,12 @@
--- KEYS: session, template zset. ARGV: see RedisStore's route arguments (tag, member, template id,
--- pool, tenant, session id, now, TTLs, the policy, the estimate, the workers, the lease, then the
--- queued reports and the release batch). A port of agent_cache.placement.rule.choose_worker plus
--- the bookkeeping of MemoryStore.route: keep the three in step (a test compares them on random
--- scenarios). Worker and purged-session keys are built here; they share the deployment's hash tag
--- with the declared keys, so they live in the same Cluster slot.
+-- KEYS: the deployment's (store/keys.py), then session, template zset. ARGV: see RedisStore's
+-- route arguments (tag, member, template id, pool, tenant, session id, now, TTLs, the policy, the
+-- estimate, the workers, the lease, then the queued reports and the release batch). A port of
+-- agent_cache.placement.rule.choose_worker plus the bookkeeping of MemoryStore.route: keep the three
+-- in step (a test compares them on random scenarios). Worker and purged-session keys are named as
+-- the script runs (store/keys.py's families); they share the deployment's hash tag with the
+-- declared keys, so they live in the same Cluster slot.
 -- needs: releases footprint templates reports_apply purge leases
-local tag, member, tid, pool, tenant, sid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local member, tid, pool, tenant, sid = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local now = tonumber(ARGV[7])
 local ttl = tonumber(ARGV[8])
 local window = tonumber(ARGV[9])
@@ -17,17 +18,17 @@ local move_factor = tonumber(ARGV[14])
 local slack = tonumber(ARGV[15])
 local est = tonumber(ARGV[16])
 local tmember = ARGV[17]
-local skey, tkey = KEYS[1], KEYS[2]
-local ikey, kvkey, ankey = tag .. ':inflight', tag .. ':kv', tag .. ':an'
+local skey, tkey = KEYS[OWN], KEYS[OWN + 1]
+local ikey, kvkey, ankey = K.inflight, K.kv_tokens, K.live_sessions
 local cutoff = now - ttl
 
 local lease_ms = tonumber(ARGV[19])
 local skey_ttl = 2 * ttl
 local retention = math.max(ttl, 2 * window)
-purge(tag, now, cutoff, now - retention)  -- first: it frees memory even when Redis is at maxmemory
-reclaim_leases(tag, now)
-local source_at = apply_reports(tag, 20)  -- the router's queued usage, before the pin is read
-apply_releases(tag, source_at)
+purge(now, cutoff, now - retention)  -- first: it frees memory even when Redis is at maxmemory
+reclaim_leases(now)
+local source_at = apply_reports(20)  -- the router's queued usage, before the pin is read
+apply_releases(source_at)
 
 -- placement.quiet_after
 local function quiet_after(pause)
@@ -40,16 +41,16 @@ local rec = redis.call('HMGET', skey, 'worker', 'epoch', 'last_cached', 'prev_ca
 local pin, held, steps, pause = nil, 0, 0, 0
 if rec[1] then
   if tonumber(rec[5]) < cutoff then  -- expired, not yet purged (purge is bounded per call)
-    detach(tag, rec[1], tonumber(rec[6] or '0'), rec[8] ~= '0')
+    detach(rec[1], tonumber(rec[6] or '0'), rec[8] ~= '0')
     redis.call('DEL', skey)
-    redis.call('ZREM', tag .. ':live', member)
-    redis.call('ZREM', tag .. ':act', member)
+    redis.call('ZREM', K.live, member)
+    redis.call('ZREM', K.active, member)
   else
     pin = {worker = rec[1], epoch = tonumber(rec[2]), last = tonumber(rec[3]), prev = tonumber(rec[4])}
     held, steps = tonumber(rec[6] or '0'), tonumber(rec[7] or '0')
     pause = math.max(tonumber(rec[9] or '0'), now - tonumber(rec[5]))  -- the longest wait for its next call
     -- its history is live again before the decision weighs it
-    activate(tag, skey, member, rec[1], held, rec[8] ~= '0', now + live_window)
+    activate(skey, member, rec[1], held, rec[8] ~= '0', now + live_window)
   end
 end
 
@@ -112,7 +113,7 @@ local function scale_of(idx)
   local mean_cap = total / #idx
   local load = 0.0
   for _, i in ipairs(idx) do load = load + projected(i, m) * (mean_cap / math.max(caps[i], 1)) end
-  local use = redis.call('HMGET', tag .. ':use', 'uncached', 'calls')
+  local use = redis.call('HMGET', K.usage, 'uncached', 'calls')
   local calls = tonumber(use[2] or '0')
   local u = est
   if calls > 0 then u = tonumber(use[1]) / calls end
@@ -187,22 +188,22 @@ else
   end
 end
 
-local wk = tag .. ':w:' .. chosen
+local wk = worker_key(chosen)
 if not pin then
   redis.call('HSET', skey, 'worker', chosen, 'template', tid, 'pool', pool, 'tenant', tenant,
     'created', tostring(now), 'prompt_tokens', 0, 'cached_tokens', 0, 'last_cached', 0, 'prev_cached', 0,
     'epoch', epoch, 'active', '1')
   redis.call('HINCRBY', wk, 'sessions', 1)
   redis.call('HINCRBY', ankey, chosen, 1)
-  redis.call('SADD', tag .. ':workers', chosen)
+  redis.call('SADD', K.workers_set, chosen)
 elseif previous ~= '' then
   -- The new worker re-prefills the whole history, so it holds as much as before.
-  detach(tag, previous, held, true)
+  detach(previous, held, true)
   redis.call('HSET', skey, 'worker', chosen, 'epoch', epoch, 'last_cached', 0, 'prev_cached', 0)
   redis.call('HINCRBY', wk, 'sessions', 1)
   if held ~= 0 then redis.call('HINCRBY', kvkey, chosen, held) end
   redis.call('HINCRBY', ankey, chosen, 1)
-  redis.call('SADD', tag .. ':workers', chosen)
+  redis.call('SADD', K.workers_set, chosen)
 end
 if est > held then
   redis.call('HINCRBY', kvkey, chosen, est - held)
@@ -216,17 +217,17 @@ else
   redis.call('HSET', skey, 'open', 1)
 end
 redis.call('PEXPIRE', skey, skey_ttl)
-redis.call('ZADD', tag .. ':live', tostring(now), member)
-if not pin then redis.call('ZADD', tag .. ':act', tostring(now + live_window), member) end  -- a pin was above
+redis.call('ZADD', K.live, tostring(now), member)
+if not pin then redis.call('ZADD', K.active, tostring(now + live_window), member) end  -- a pin was above
 redis.call('HINCRBY', ikey, chosen, 1)
-hold(tag, ARGV[source_at], chosen, now, lease_ms)
+hold(ARGV[source_at], chosen, now, lease_ms)
 if tid ~= '' then
   if outcome ~= 'pinned' then  -- what ABANDON restores if this placement's call fails
     redis.call('HSET', skey, 'tprev', redis.call('ZSCORE', tkey, chosen) or '')
   end
   local added = redis.call('ZADD', tkey, tostring(now), chosen)
-  touch_template(tag, tmember, now, retention)
+  touch_template(tmember, now, retention)
   expire_new(tkey, added == 1, retention)
 end
-redis.call('HINCRBY', tag .. ':outcomes', outcome, 1)
+redis.call('HINCRBY', K.outcomes, outcome, 1)
 return {chosen, outcome, epoch, previous}

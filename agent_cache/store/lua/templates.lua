@@ -5,13 +5,13 @@
 -- second (retention is at least the session TTL): six commands on every call
 -- were a sixth of the route script's work. A record a script creates gets its
 -- TTL from that script (``expire_new``).
-local function touch_template(tag, tmember, now, retention)
-  local last = redis.call('ZSCORE', tag .. ':tu', tmember)
+local function touch_template(tmember, now, retention)
+  local last = redis.call('ZSCORE', K.templates_in_use, tmember)
   if last and tonumber(now) - tonumber(last) < math.min(1000, retention / 4) then return end
-  for _, kind in ipairs({':t:', ':ts:', ':ti:', ':tis:'}) do
-    redis.call('PEXPIRE', tag .. kind .. tmember, retention)  -- a no-op for a record not written yet
+  for _, key in ipairs({template_key, template_stats_key, template_info_key, template_sessions_key}) do
+    redis.call('PEXPIRE', key(tmember), retention)  -- a no-op for a record not written yet
   end
-  local tu = tag .. ':tu'
+  local tu = K.templates_in_use
   redis.call('ZADD', tu, tostring(now), tmember)
   redis.call('PEXPIRE', tu, retention)
 end
