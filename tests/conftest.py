@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import redis
 
-from agent_cache.bench.realfleet import Processes
+from agent_cache.processes import Processes
 from agent_cache.sglang_cpu.install import HARNESS_ENV_PREFIX
 from agent_cache.sim import SimFleet
 

@@ -36,7 +36,8 @@ import redis
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from agent_cache import ChatSGLang
-from agent_cache.bench.realfleet import Processes, SimWorkers
+from agent_cache.processes import Processes
+from agent_cache.server_processes import SimWorkers
 from agent_cache.routing.router import Router
 from agent_cache.store import keys
 from agent_cache.store.base import DEFAULT_TEMPLATE_WINDOW, template_retention

@@ -44,13 +44,12 @@ from contextlib import ExitStack
 from typing import Any, Callable, Sequence
 
 from agent_cache.percentile import percentile
+from agent_cache.processes import Processes
+from agent_cache.server_processes import AgentCacheGateways, SimWorkers
 from agent_cache.bench.realfleet import (
     GATEWAY_POLICY,
     SMG_POLICIES,
-    AgentCacheGateways,
-    Processes,
     SGLangWorkers,
-    SimWorkers,
     SmgGateways,
     start_delayed,
     start_redis,

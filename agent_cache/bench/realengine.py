@@ -43,23 +43,20 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from agent_cache.bench import report
+from agent_cache.processes import Processes, free_port, wait_until
+from agent_cache.server_processes import AgentCacheGateways, SimWorkers
 from agent_cache.bench.realfleet import (
     GATEWAY_KV_POLICY,
     GATEWAY_POLICIES,
     SMG_POLICIES,
     SMG_TUNING,
-    AgentCacheGateways,
     GivenWorkers,
-    Processes,
     SGLangWorkers,
-    SimWorkers,
     SmgGateways,
     Workers,
-    free_port,
     smg_policy_flags,
     smg_version,
     start_redis,
-    wait_until,
     write_gateway_keys,
 )
 from agent_cache.bench.realload import REAL_POLICIES, CallRecord, Job, ReplicaResult, Replicas

@@ -52,11 +52,11 @@ from agent_cache.backends.protocol import (
     parse_chat_chunk,
     sse_payload,
 )
+from agent_cache.server_processes import MODEL
 from agent_cache.bench.realfleet import (
     GATEWAY_POLICIES,
     GATEWAY_SESSION_HEADER,
     GATEWAY_WORKER_HEADER,
-    MODEL,
     ROUTED_WORKER_HEADER,
     ROUTING_KEY_HEADER,
     SMG_POLICIES,

@@ -25,7 +25,8 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import SecretStr
 
 from agent_cache import ChatSGLang
-from agent_cache.bench.realfleet import Processes, start_redis
+from agent_cache.processes import Processes
+from agent_cache.bench.realfleet import start_redis
 from agent_cache.sim import SimFleet
 
 SYSTEM = "You are a careful assistant. Today is 2026-12-03. "

@@ -20,7 +20,8 @@ from typing import Any, Sequence
 
 import httpx
 
-from agent_cache.bench.realfleet import Processes, SimWorkers
+from agent_cache.processes import Processes
+from agent_cache.server_processes import SimWorkers
 from agent_cache.calls.httpx_transport import HttpxTransport
 from agent_cache.calls.transport import WorkerTransport
 from agent_cache.gateway.app import create_app

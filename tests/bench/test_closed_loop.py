@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from agent_cache.bench.realfleet import GivenWorkers, Processes, SimWorkers
+from agent_cache.processes import Processes
+from agent_cache.server_processes import SimWorkers
+from agent_cache.bench.realfleet import GivenWorkers
 from agent_cache.bench.realload import Job, closed_loop, run_job
 from agent_cache.bench.runner import main_bench
 from agent_cache.bench.workloads import ChatCall, WorkloadParams, generate

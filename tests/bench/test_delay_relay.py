@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import redis
 
 from agent_cache.bench.delay_relay import serve
-from agent_cache.bench.realfleet import free_port
+from agent_cache.processes import free_port
 
 
 def test_a_round_trip_through_the_relay_takes_twice_its_delay_and_keeps_the_bytes(redis_server) -> None:

@@ -18,15 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import (
-    SMG_POLICIES,
-    SMG_TUNING,
-    Processes,
-    SimWorkers,
-    SmgGateways,
-    mesh_argv,
-    smg_argv,
-)
+from agent_cache.processes import Processes
+from agent_cache.server_processes import SimWorkers
+from agent_cache.bench.realfleet import SMG_POLICIES, SMG_TUNING, SmgGateways, mesh_argv, smg_argv
 from agent_cache.bench.runner import main_bench
 
 pytestmark = pytest.mark.slow  # its module fixture runs every policy on real processes

@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import Processes, SimWorkers
+from agent_cache.processes import Processes
+from agent_cache.server_processes import SimWorkers
 
 
 @pytest.mark.parametrize("version", ["0.5.3", "0.5.23"])

@@ -9,7 +9,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+from agent_cache.processes import Processes
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.sim import SimFleet
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}

@@ -14,7 +14,8 @@ import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from agent_cache import ChatSGLang
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes, SimWorkers
+from agent_cache.processes import Processes
+from agent_cache.server_processes import AgentCacheGateways, SimWorkers
 from agent_cache.routing import Router
 
 FLOOR = 1.0

@@ -17,7 +17,7 @@ import promql_parser
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent_cache.bench.realfleet import Processes, wait_until
+from agent_cache.processes import Processes, wait_until
 from agent_cache.sim import SimFleet
 from tests.conftest import free_port
 

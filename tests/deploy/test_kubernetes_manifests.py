@@ -23,7 +23,7 @@ import redis
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from agent_cache.bench.realfleet import Processes, wait_until
+from agent_cache.processes import Processes, wait_until
 from agent_cache.cli import build_parser
 from agent_cache.gateway.authz import worker_id
 from agent_cache.sim import SimFleet

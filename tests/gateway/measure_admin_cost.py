@@ -6,7 +6,8 @@ pod still loading its model), each POST timed and the gateway's RSS read; then 1
     PYTHONPATH=$PWD python tests/gateway/measure_admin_cost.py 1000 [--redis redis://127.0.0.1:6379/0]
 """
 import sys, time, uuid, httpx
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes, free_port
+from agent_cache.processes import Processes, free_port
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.sim import SimFleet
 N = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 1000
 STORE = ["--redis", sys.argv[sys.argv.index("--redis") + 1], "--prefix", f"m-{uuid.uuid4().hex[:8]}"] \

@@ -11,7 +11,8 @@ waits past the removed entries' retention on the board.
 import sys, time, uuid
 from urllib.parse import quote
 import httpx
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes, free_port
+from agent_cache.processes import Processes, free_port
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.routing.fleet import GONE_RETENTION
 from agent_cache.sim import SimFleet
 from agent_cache.store import keys

@@ -6,7 +6,8 @@ those past 6 s.
     PYTHONPATH=$PWD python tests/gateway/measure_frozen_worker.py 40
 """
 import signal, sys, threading, time, httpx
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes, SimWorkers
+from agent_cache.processes import Processes
+from agent_cache.server_processes import AgentCacheGateways, SimWorkers
 FREEZE = float(sys.argv[1]) if len(sys.argv) > 1 else 40
 SYSTEM = "You are a careful agent. " * 20
 with Processes() as procs:

@@ -9,7 +9,7 @@ defaults, three simulated workers, and the open-file limit given as SOFT:HARD (d
 """
 import asyncio, socket, subprocess, sys, threading, time, httpx
 from agent_cache.sim import SimFleet
-from agent_cache.bench.realfleet import free_port
+from agent_cache.processes import free_port
 BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
 NOFILE = sys.argv[1] if len(sys.argv) > 1 else "1024:4096"
 TRICKLE = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-a: " + b"b" * 100000

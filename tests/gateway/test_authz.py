@@ -8,7 +8,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.gateway.errors import RequestRejectedError
 from agent_cache.gateway.authz import OPERATOR, check_fields, choose_pool, hide_urls, shown_worker, worker_id
 from agent_cache.gateway.keys import ApiKey

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent_cache.bench.realfleet import AgentCacheGateways
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.gateway.authz import worker_id
 from agent_cache.sim import SimFleet
 from tests.conftest import free_port

@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+from agent_cache.processes import Processes
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.sim import SimFleet
 from agent_cache.sim.fleet import ThreadedServer
 

@@ -9,7 +9,8 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+from agent_cache.processes import Processes
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.sim import SimFleet
 
 MSG = [{"role": "user", "content": "x"}]

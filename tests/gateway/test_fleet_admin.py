@@ -18,7 +18,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes, free_port, wait_until
+from agent_cache.processes import Processes, free_port, wait_until
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.gateway.authz import worker_id
 from agent_cache.sim import SimFleet
 from agent_cache.sim.fleet import SimWorkerThread

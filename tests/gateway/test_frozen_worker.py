@@ -13,7 +13,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes, SimWorkers
+from agent_cache.processes import Processes
+from agent_cache.server_processes import AgentCacheGateways, SimWorkers
 
 FLOOR = 5.0  # the default first-byte floor
 BOUND = FLOOR + 0.2 + 3.0  # the floor, the backoff, the retry elsewhere

@@ -17,7 +17,8 @@ import pytest
 import redis
 
 from agent_cache.backends.sglang import SGLangClient
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+from agent_cache.processes import Processes
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.gateway.authz import worker_id
 from agent_cache.sim import SimFleet
 
@@ -511,7 +512,7 @@ def test_tenant_owned_fields_cannot_be_passed_through_or_collide(procs, fleet, t
 
 @pytest.mark.slow
 def test_a_hung_worker_is_left_after_its_first_byte_deadline(procs):
-    from agent_cache.bench.realfleet import SimWorkers
+    from agent_cache.server_processes import SimWorkers
 
     workers = SimWorkers(procs, 2, time_scale=0.0, capacity_tokens=100_000)
     gw = AgentCacheGateways(procs, workers.urls, redis_url=REDIS,

@@ -14,7 +14,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes, free_port, wait_until
+from agent_cache.processes import Processes, free_port, wait_until
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.sim import SimFleet
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}

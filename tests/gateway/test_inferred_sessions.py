@@ -11,7 +11,8 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+from agent_cache.processes import Processes
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.sim import SimFleet
 
 SYSTEM = "You are a helpful assistant for a chat front-end. Answer briefly and politely. " * 8

@@ -11,7 +11,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes, free_port, wait_until
+from agent_cache.processes import Processes, free_port, wait_until
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.sim import SimWorkerThread, WorkerOptions
 
 SYSTEM = " ".join(f"Rule {i}: read the ticket, check file {i * 7 % 13}.py and cite line {i * 11}." for i in range(60))

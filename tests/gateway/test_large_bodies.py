@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.sim import SimFleet
 
 CALL = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

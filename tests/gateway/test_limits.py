@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from agent_cache.backends.protocol import Usage
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+from agent_cache.processes import Processes
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.gateway.errors import RequestRejectedError
 from agent_cache.gateway.keys import ApiKey
 from agent_cache.gateway.ratelimit import RateLimits, duration

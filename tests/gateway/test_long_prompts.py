@@ -10,7 +10,7 @@ import threading
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.sim import SimFleet
 
 WORDS = ["alpha", "beta", "gamma", "delta", "omega"]

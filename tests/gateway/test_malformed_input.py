@@ -10,7 +10,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+from agent_cache.processes import Processes
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.sim import SimFleet
 
 USER = {"authorization": "Bearer sk-user", "content-type": "application/json"}

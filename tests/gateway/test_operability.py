@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import Proc
+from agent_cache.processes import Proc
 from tests.conftest import free_port
 
 SYSTEM = "You are a careful research agent. " * 40

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import redis
 
-from agent_cache.bench.realfleet import Processes, wait_until
+from agent_cache.processes import Processes, wait_until
 from agent_cache.sim import SimFleet
 from tests.conftest import free_port
 

@@ -13,7 +13,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+from agent_cache.processes import Processes
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.sim import WorkerOptions
 from agent_cache.sim.fleet import SimWorkerThread
 from tests.gateway.intercepted_worker import InterceptedWorker, refusal

@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+from agent_cache.processes import Processes
+from agent_cache.server_processes import AgentCacheGateways
 from tests.gateway.intercepted_worker import InterceptedWorker
 
 

@@ -10,7 +10,8 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes, free_port
+from agent_cache.processes import Processes, free_port
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.sim import SimFleet, WorkerOptions
 from agent_cache.sim.fleet import SimWorkerThread
 

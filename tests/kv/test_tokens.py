@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from agent_cache import ChatSGLang
-from agent_cache.bench.realfleet import free_port, wait_until
+from agent_cache.processes import free_port, wait_until
 from agent_cache.kv import KvView, parse_sources
 from agent_cache.kv.state import KvState
 from agent_cache.kv.tokens import EDGE, RETRY_AFTER, KvTokens, system_text

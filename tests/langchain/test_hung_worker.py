@@ -15,7 +15,8 @@ import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from agent_cache import ChatSGLang
-from agent_cache.bench.realfleet import Processes, SimWorkers
+from agent_cache.processes import Processes
+from agent_cache.server_processes import SimWorkers
 
 STALL = 1.0
 SYSTEM = "You are a careful agent. " * 20

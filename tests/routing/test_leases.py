@@ -128,7 +128,8 @@ def test_a_killed_gateways_counts_stop_steering_within_seconds(slow_worker, redi
 
     import httpx
 
-    from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+    from agent_cache.processes import Processes
+    from agent_cache.server_processes import AgentCacheGateways
 
     raw = redis.Redis.from_url(redis_server.url)
     with Processes() as procs:

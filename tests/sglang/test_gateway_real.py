@@ -9,7 +9,8 @@ import httpx
 import openai
 import pytest
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+from agent_cache.processes import Processes
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.gateway.authz import worker_id
 from agent_cache.sglang_cpu.workers import RealWorker, RealWorkers
 from tests.sglang.conftest import MODEL

@@ -18,7 +18,8 @@ import msgpack
 import pytest
 import zmq
 
-from agent_cache.bench.realfleet import AgentCacheGateways, Processes
+from agent_cache.processes import Processes
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.kv.events import chain_hashes
 from agent_cache.processes import wait_until
 from agent_cache.kv.indexer import EventSource, KvIndexer

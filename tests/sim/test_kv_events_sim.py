@@ -18,7 +18,7 @@ import msgspec
 import pytest
 import zmq
 
-from agent_cache.bench.realfleet import free_port
+from agent_cache.processes import free_port
 from agent_cache.kv.events import (
     AllBlocksCleared as OurCleared,
     BlockRemoved as OurRemoved,

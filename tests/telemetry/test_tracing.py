@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("opentelemetry.proto")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
 
-from agent_cache.bench.realfleet import wait_until  # noqa: E402
+from agent_cache.processes import wait_until  # noqa: E402
 from agent_cache.sim.fleet import ThreadedServer  # noqa: E402
 from agent_cache.sim.server import SimServer, WorkerOptions  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
