@@ -9,20 +9,17 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from agent_cache.bench.fleetsim import FleetConfig, RunResult, simulate, stderr_progress
-from agent_cache.bench.policies import POLICIES, make_policies
+from agent_cache.bench.registry import SIM_POLICIES, make_policies
 from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate
 from agent_cache.bench.trace_replay import load_trace
 from agent_cache.placement.rule import Policy
-
-ALL_POLICIES = tuple(POLICIES)
-
 
 @dataclass(frozen=True)
 class Preset:
     workers: int
     sessions: int
     rate: float
-    policies: tuple[str, ...] = ALL_POLICIES
+    policies: tuple[str, ...] = SIM_POLICIES
     kind: str = "react"
     capacity_tokens: int = 400_000
     capacity_sweep: tuple[int, ...] = ()

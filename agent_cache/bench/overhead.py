@@ -47,8 +47,6 @@ from agent_cache.percentile import percentile
 from agent_cache.processes import Processes
 from agent_cache.server_processes import AgentCacheGateways, SimWorkers
 from agent_cache.bench.realfleet import (
-    GATEWAY_POLICY,
-    SMG_POLICIES,
     SGLangWorkers,
     SmgGateways,
     start_delayed,
@@ -56,13 +54,14 @@ from agent_cache.bench.realfleet import (
     write_gateway_keys,
 )
 from agent_cache.bench.realload import ChatClient, Job, call_path, closed_loop
+from agent_cache.bench.registry import REGISTRY
 from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate
 from agent_cache.errors import AgentCacheError, ConfigError
 from agent_cache.sglang_cpu import LATEST_ENGINE
 
 DIRECT = "direct"
 SMG_PATHS = ("smg-cache_aware", "smg-consistent_hashing")
-GATEWAY_PATH = GATEWAY_POLICY
+GATEWAY_PATH = "agent-cache-gateway"
 WARMUP_CALLS = 10
 
 
@@ -294,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 gateways[f"{GATEWAY_PATH} ({transport})" if transport else GATEWAY_PATH] = ours.urls[0]
             if smg:
                 for name in SMG_PATHS:
-                    group = SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls)
+                    group = SmgGateways(procs, smg, REGISTRY[name].smg_policy, workers.urls)
                     stack.callback(group.stop)
                     gateways[name] = group.urls[0]
             results, rates = asyncio.run(_run(workers, routed_url, gateways, sessions, args.calls, args.seed,

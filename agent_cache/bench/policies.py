@@ -1,4 +1,4 @@
-"""Routing policies compared by the fleet simulation.
+"""Routing policies compared by the fleet simulation (named, and built, by :mod:`agent_cache.bench.registry`).
 
 Every policy answers one question per call: which worker? Baselines with
 local state (round-robin counters, least-load in-flight views) run as K
@@ -60,7 +60,7 @@ class Dispatch:
 class RoutingPolicy:
     """Base: ``form`` is the prompt form sent ("raw" or "tmpl"); ``cache`` the worker cache model."""
 
-    name = "base"
+    name = "base"  # the registry's name, set by make_policies
     form = "raw"
     cache = "radix"  # radix | none | oracle
     kv_events = False  # True: the workers publish KV events to the policy (kv_batch)
@@ -94,7 +94,6 @@ class RoutingPolicy:
 
 
 class RoundRobin(RoutingPolicy):
-    name = "round-robin"
 
     def __init__(self, workers: int, replicas: int = 1, seed: int = 0) -> None:
         super().__init__(workers, replicas, seed)
@@ -107,7 +106,6 @@ class RoundRobin(RoutingPolicy):
 
 
 class RandomChoice(RoutingPolicy):
-    name = "random"
 
     def __init__(self, workers: int, replicas: int = 1, seed: int = 0) -> None:
         super().__init__(workers, replicas, seed)
@@ -120,7 +118,6 @@ class RandomChoice(RoutingPolicy):
 class LeastLoad(RoutingPolicy):
     """Fewest in-flight calls, as each replica counts its own dispatches."""
 
-    name = "least-load"
 
     def __init__(self, workers: int, replicas: int = 1, seed: int = 0) -> None:
         super().__init__(workers, replicas, seed)
@@ -143,7 +140,6 @@ def _hash(s: str) -> int:
 class ConsistentHash(RoutingPolicy):
     """Session id on a hash ring (100 virtual nodes per worker); stateless."""
 
-    name = "consistent-hash"
     vnodes = 100
 
     def __init__(self, workers: int, replicas: int = 1, seed: int = 0) -> None:
@@ -167,7 +163,6 @@ class ConsistentHash(RoutingPolicy):
 class AgentCache(RoutingPolicy):
     """The product: one real Router per replica over one shared store, on the fleet's virtual clock."""
 
-    name = "agent-cache"
     form = "tmpl"
     url_pattern = "http://worker-{i}"
 
@@ -225,7 +220,6 @@ class AgentCache(RoutingPolicy):
 class AgentCacheKv(AgentCache):
     """The same Router fed the workers' KV events (exact template holders, sessions' evicted prefixes)."""
 
-    name = "agent-cache-kv"
     kv_events = True
 
     def __init__(self, workers: int, replicas: int = 1, seed: int = 0, *, capacity: int = 400_000,
@@ -266,21 +260,18 @@ class AgentCacheRenamed(AgentCache):
     """The same Router, its workers named otherwise: only the hash that breaks ties differs, so any
     difference from ``agent-cache`` is chance (the noise floor a claimed difference must clear)."""
 
-    name = "agent-cache-renamed"
     url_pattern = "http://gpu-{i}.renamed"
 
 
 class AgentCacheNoTemplates(AgentCache):
     """The same Router; prompts sent raw, template ids from ``Templater("off")``."""
 
-    name = "agent-cache-no-templates"
     form = "raw"
 
 
 class Oracle(LeastLoad):
     """Upper bound: one infinite cache every worker shares; routed by true load."""
 
-    name = "oracle"
     form = "tmpl"
     cache = "oracle"
 
@@ -295,27 +286,5 @@ class Oracle(LeastLoad):
 class NoCache(Oracle):
     """Floor: prefix caching disabled on every worker; routed by true load."""
 
-    name = "no-cache"
     form = "raw"
     cache = "none"
-
-
-POLICIES: dict[str, type[RoutingPolicy]] = {p.name: p for p in (
-    RoundRobin, RandomChoice, LeastLoad, ConsistentHash, AgentCache, AgentCacheKv,
-    AgentCacheRenamed, AgentCacheNoTemplates, Oracle, NoCache)}
-
-
-def make_policies(names: Sequence[str], workers: int, replicas: int, seed: int, *, capacity: int = 400_000,
-                  redis_url: str | None = None, placement: Policy | None = None) -> list[RoutingPolicy]:
-    """Fresh policies; agent-cache's routers learn ``capacity`` per worker (as from ``/server_info``).
-
-    ``placement``: agent-cache's placement tunables (default: ``Policy()``).
-    """
-    out: list[RoutingPolicy] = []
-    for n in names:
-        cls = POLICIES[n]
-        if issubclass(cls, AgentCache):
-            out.append(cls(workers, replicas, seed, capacity=capacity, redis_url=redis_url, policy=placement))
-        else:
-            out.append(cls(workers, replicas, seed))
-    return out

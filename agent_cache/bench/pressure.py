@@ -25,7 +25,7 @@ from agent_cache.bench import bands, plot_style, report
 from agent_cache.bench.experiment import Preset, working_set
 from agent_cache.bench.experiment import workload as build_workload
 from agent_cache.bench.fleetsim import FleetConfig, RunResult, simulate
-from agent_cache.bench.policies import make_policies
+from agent_cache.bench.registry import make_policies
 from agent_cache.bench.workloads import SessionSpec
 from agent_cache.placement.rule import Policy
 from agent_cache.sim.latency_flags import latency_from_args

@@ -46,20 +46,16 @@ from agent_cache.bench import report
 from agent_cache.processes import Processes, free_port, wait_until
 from agent_cache.server_processes import AgentCacheGateways, SimWorkers
 from agent_cache.bench.realfleet import (
-    GATEWAY_KV_POLICY,
-    GATEWAY_POLICIES,
-    SMG_POLICIES,
-    SMG_TUNING,
     GivenWorkers,
     SGLangWorkers,
     SmgGateways,
     Workers,
-    smg_policy_flags,
     smg_version,
     start_redis,
     write_gateway_keys,
 )
-from agent_cache.bench.realload import REAL_POLICIES, CallRecord, Job, ReplicaResult, Replicas
+from agent_cache.bench.realload import CallRecord, Job, ReplicaResult, Replicas
+from agent_cache.bench.registry import BOUNDS, REAL, REAL_POLICIES, REGISTRY, check_names
 from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate
 from agent_cache.bench.trace_replay import load_trace
 from agent_cache.errors import ConfigError
@@ -67,8 +63,6 @@ from agent_cache.sim.engine import WorkerOptions
 from agent_cache.sim.latency import DEFAULT_LATENCY
 from agent_cache.sim.scheduler import default_max_running_requests
 from agent_cache.sim.versions import LATEST_VERSION, SUPPORTED_VERSIONS
-
-SIM_ONLY = ("oracle", "no-cache")
 
 
 @dataclass(frozen=True)
@@ -96,13 +90,8 @@ def check(args: argparse.Namespace) -> None:
         raise ConfigError("--preset", f"{args.preset} exists only in the sim engine; the real engine runs: "
                           f"{', '.join(sorted(REAL_PRESETS))}")
     if args.policies:
-        for name in (n.strip() for n in args.policies.split(",")):
-            if name in SIM_ONLY:
-                raise ConfigError("--policies", f"{name} exists only in the sim engine (--engine sim); "
-                                  f"the real engine runs: {', '.join(REAL_POLICIES)}")
-            if name not in REAL_POLICIES:
-                raise ConfigError("--policies", f"unknown {name}; the real engine runs: {', '.join(REAL_POLICIES)}")
-            if name in SMG_POLICIES and shutil.which("smg") is None:
+        for name in check_names(args.policies, REAL):
+            if REGISTRY[name].path == "smg" and shutil.which("smg") is None:
                 raise ConfigError("--policies", f"{name} needs the smg binary on the PATH (pip install smg)")
     if isinstance(args.capacity_tokens, float):
         raise ConfigError("--capacity-tokens", "a working-set multiple (xM) applies only to the sim engine; "
@@ -170,7 +159,7 @@ def _names(args: argparse.Namespace, preset: RealPreset, smg: str | None,
         return tuple(n.strip() for n in args.policies.split(","))
     if smg is None:
         log("smg is not installed (pip install smg): the smg-* policies are skipped")
-        return tuple(n for n in preset.policies if n not in SMG_POLICIES)
+        return tuple(n for n in preset.policies if REGISTRY[n].path != "smg")
     return preset.policies
 
 
@@ -349,9 +338,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "smg_version": smg_version(smg) if smg else None,
         # every flag each smg policy ran with beyond smg's defaults (plus ports, log level and, with
         # several gateways, the mesh flags)
-        "smg_flags": {n: smg_policy_flags(n) for n in names if n in SMG_POLICIES},
+        "smg_flags": {n: REGISTRY[n].smg_flags() for n in names if REGISTRY[n].path == "smg"},
         "redis": "given (--redis)" if args.redis else "private redis-server", "cpu_count": os.cpu_count(),
-        "sim_only_policies": list(SIM_ONLY),
+        "sim_only_policies": list(BOUNDS),
     }
     run_prefix = f"agent-cache-bench-{uuid.uuid4().hex[:8]}"
     policies: dict[str, Any] = {}
@@ -360,7 +349,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.redis:  # registered first, so it runs last: after every replica has stopped writing
             stack.callback(_delete_keys, args.redis, run_prefix)
         procs = stack.enter_context(Processes())
-        kv_events = GATEWAY_KV_POLICY in names
+        kv_events = any(REGISTRY[n].kv_events for n in names)
         workers = _start_workers(args, procs, n_workers, capacity, time_scale, kv_events, log)
         stack.callback(workers.close)
         config.update(workers.describe())
@@ -371,13 +360,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             t_policy = time.perf_counter()
             workers.flush()
             gateway: SmgGateways | AgentCacheGateways | None = None
-            if name in SMG_POLICIES:
+            spec = REGISTRY[name]
+            if spec.path == "smg":
                 assert smg is not None  # check() and _names() admit smg-* policies only when smg is installed
-                gateway = SmgGateways(procs, smg, SMG_POLICIES[name], workers.urls, SMG_TUNING.get(name, ()),
+                gateway = SmgGateways(procs, smg, spec.smg_policy, workers.urls, spec.smg_tuning,
                                       count=gateways)
-            elif name in GATEWAY_POLICIES:  # as the agent-cache policy routes: templatize, the run's Redis
+            elif spec.path == "gateway":  # as the agent-cache policy routes: templatize, the run's Redis
                 keys = write_gateway_keys(os.path.join(procs.dir, "gateway-keys"), (s.tenant for s in sessions))
-                metrics_ports = [free_port() for _ in range(gateways)] if name == GATEWAY_KV_POLICY else []
+                metrics_ports = [free_port() for _ in range(gateways)] if spec.kv_events else []
                 kv = ["--kv-events", workers.kv_sources] if metrics_ports else []
                 gateway = AgentCacheGateways(procs, workers.urls, redis_url=redis_url, count=gateways, args=[
                     "--prefix", f"{run_prefix}-{name}", "--templates", "templatize", "--api-keys", keys,
@@ -396,7 +386,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     log(f"{name}: {done}/{len(sessions)} sessions")
 
                 results = replicas.run(jobs, progress)
-                kv_counts = kv_scrape() if name == GATEWAY_KV_POLICY else None
+                kv_counts = kv_scrape() if spec.kv_events else None
             finally:
                 if gateway is not None:
                     gateway.stop()

@@ -32,32 +32,13 @@ import httpx
 
 from agent_cache.errors import ConfigError
 from agent_cache.sglang_cpu.workers import MODEL_DESCRIPTION, SERVED_MODEL, RealWorkers
+from agent_cache.bench.registry import smg_flags
 from agent_cache.processes import BenchProcessError, Proc, Processes, free_port, wait_until
 from agent_cache.server_processes import SimWorkers, flush_caches
 
-# smg policy per benchmark policy name
-SMG_POLICIES = {
-    "smg-cache_aware": "cache_aware",
-    "smg-consistent_hashing": "consistent_hashing",
-    "smg-prefix_hash": "prefix_hash",
-    "smg-power_of_two": "power_of_two",
-    "smg-cache_aware-conversational": "cache_aware",
-}
-# smg's documented tuning, beyond its defaults: a low cache threshold (0.1-0.2)
-# is its recommendation for conversational workloads (docs: cache-aware routing,
-# tuning guidelines), i.e. for agents that resend their history every step.
-SMG_TUNING: dict[str, tuple[str, ...]] = {
-    "smg-cache_aware-conversational": ("--cache-threshold", "0.1"),
-}
-# consistent_hashing reads the routing key from the headers named by --routing-key-headers
-# (smg's documented default, given explicitly); the load sends the session id in it.
-ROUTING_KEY_HEADER = "x-smg-routing-key"
 # smg names the worker that served a request in this response header (HTTP workers)
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
 # agent-cache serve names it here, and takes the session and the tenant's key from these
-GATEWAY_POLICY = "agent-cache-gateway"
-GATEWAY_KV_POLICY = "agent-cache-gateway-kv"  # the same gateway following the workers' KV events
-GATEWAY_POLICIES = (GATEWAY_POLICY, GATEWAY_KV_POLICY)
 GATEWAY_WORKER_HEADER = "x-agent-cache-worker"
 GATEWAY_SESSION_HEADER = "x-session-id"
 
@@ -235,21 +216,9 @@ def smg_version(binary: str) -> str:
 def smg_argv(binary: str, policy: str, worker_urls: Sequence[str], port: int, metrics_port: int,
              tuning: Sequence[str] = (), mesh: Sequence[str] = ()) -> list[str]:
     """``smg launch`` command line for one policy; everything not in ``tuning`` is smg's default."""
-    argv = [binary, "launch", "--worker-urls", *worker_urls, "--policy", policy, "--host", "127.0.0.1",
+    return [binary, "launch", "--worker-urls", *worker_urls, *smg_flags(policy, tuning), "--host", "127.0.0.1",
             "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-            "--log-level", "warn", *tuning, *mesh]
-    if policy == "consistent_hashing":
-        argv += ["--routing-key-headers", ROUTING_KEY_HEADER]
-    return argv
-
-
-def smg_policy_flags(name: str) -> list[str]:
-    """The flags that make benchmark policy ``name`` (an ``smg-*`` one) differ from smg's defaults."""
-    policy = SMG_POLICIES[name]
-    flags = ["--policy", policy, *SMG_TUNING.get(name, ())]
-    if policy == "consistent_hashing":
-        flags += ["--routing-key-headers", ROUTING_KEY_HEADER]
-    return flags
+            "--log-level", "warn", *mesh]
 
 
 def mesh_argv(index: int, mesh_ports: Sequence[int]) -> list[str]:

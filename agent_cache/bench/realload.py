@@ -15,15 +15,17 @@ assistant's message. Per call the replica records:
   (``prompt_tokens_details.cached_tokens``);
 * the worker that served it.
 
-How a call finds its worker:
+How a call finds its worker, by the policy's ``path`` in :mod:`agent_cache.bench.registry`:
 
-* ``round-robin``, ``random``, ``least-load``, ``consistent-hash``: the
-  policies of :mod:`agent_cache.bench.policies`, one state per replica;
-* ``agent-cache`` / ``agent-cache-no-templates``: ``ChatSGLang`` (templates
-  ``templatize`` / ``off``), one per tenant over one ``Router`` on the shared
-  Redis store, called with ``astream`` and the session id as an application
+* ``client`` (``round-robin``, ``random``, ``least-load``, ``consistent-hash``):
+  the policy of :mod:`agent_cache.bench.policies`, one state per replica;
+* ``agent-cache`` (``agent-cache`` / ``agent-cache-no-templates``): ``ChatSGLang``
+  (templates ``templatize`` / ``off``), one per tenant over one ``Router`` on the
+  shared Redis store, called with ``astream`` and the session id as an application
   calls it (the call pipeline, failover and the served hook included);
-* ``smg-*``: the smg gateway picks (with ``--gateways K``, the call goes to
+* ``gateway`` (``agent-cache serve``): the session in ``x-session-id``, the tenant
+  from its API key, the worker read from ``x-agent-cache-worker``;
+* ``smg`` (``smg-*``): the smg gateway picks (with ``--gateways K``, the call goes to
   the K gateways in turn, joined in smg's mesh); the worker is read from smg's
   ``x-smg-routed-worker-id`` response header. ``smg-consistent_hashing``
   sends the session id in ``x-smg-routing-key``.
@@ -54,22 +56,16 @@ from agent_cache.backends.protocol import (
 )
 from agent_cache.server_processes import MODEL
 from agent_cache.bench.realfleet import (
-    GATEWAY_POLICIES,
     GATEWAY_SESSION_HEADER,
     GATEWAY_WORKER_HEADER,
     ROUTED_WORKER_HEADER,
-    ROUTING_KEY_HEADER,
-    SMG_POLICIES,
     gateway_key,
 )
+from agent_cache.bench.registry import REGISTRY, ROUTING_KEY_HEADER
 from agent_cache.bench.workloads import CallSpec, ChatCall, SessionSpec
 from agent_cache.calls.transport import transport_error
 from agent_cache.errors import AgentCacheError, MalformedResponseError, StreamError
 from agent_cache.processes import BenchProcessError
-
-CLIENT_POLICIES = ("round-robin", "random", "least-load", "consistent-hash")
-AGENT_CACHE_POLICIES = {"agent-cache": "templatize", "agent-cache-no-templates": "off"}
-REAL_POLICIES = CLIENT_POLICIES + tuple(AGENT_CACHE_POLICIES) + GATEWAY_POLICIES + tuple(SMG_POLICIES)
 
 
 @dataclass(frozen=True)
@@ -214,11 +210,11 @@ class _ClientSide:
     """Client-side routing with a policy of :mod:`agent_cache.bench.policies` (this replica's own state)."""
 
     def __init__(self, job: Job, client: ChatClient) -> None:
-        from agent_cache.bench.policies import POLICIES
+        from agent_cache.bench.registry import make_policies
 
         self.workers = list(job.workers)
         self.n = len(self.workers)
-        self.policy = POLICIES[job.policy](self.n, 1, job.seed * 1000 + job.replica)
+        (self.policy,) = make_policies((job.policy,), self.n, 1, job.seed * 1000 + job.replica)
         self.client = client
         self._inflight = [0] * self.n
 
@@ -256,7 +252,7 @@ class _AgentCache:
 
         self.job = job
         self.stream = client.stream  # False: whole answers (ainvoke)
-        self.mode = AGENT_CACHE_POLICIES[job.policy]
+        self.mode = REGISTRY[job.policy].templates
         self.router = Router(list(job.workers), redis_url=job.redis_url, prefix=job.redis_prefix,
                              probe_interval=None, capacities={u: job.capacity_tokens for u in job.workers})
         self._models: dict[str, Any] = {}
@@ -315,8 +311,9 @@ class _Gateway:
         assert job.gateways, "a gateway policy needs at least one gateway"
         self.urls = list(job.gateways)
         self.next = job.replica  # replicas start on different gateways
-        self.ours = job.policy in GATEWAY_POLICIES
-        self.keyed = not self.ours and SMG_POLICIES[job.policy] == "consistent_hashing"
+        spec = REGISTRY[job.policy]
+        self.ours = spec.path == "gateway"
+        self.keyed = spec.smg_policy == "consistent_hashing"
         self.client = client
 
     async def call(self, session: SessionSpec, call: CallSpec, chat: ChatCall) -> _Reply:
@@ -337,13 +334,14 @@ class _Gateway:
 
 def call_path(job: Job, client: ChatClient) -> _ClientSide | _AgentCache | _Gateway:
     """How a call of ``job.policy`` reaches its worker (see the module docstring)."""
-    if job.policy in CLIENT_POLICIES:
+    path = REGISTRY[job.policy].path
+    if path == "client":
         return _ClientSide(job, client)
-    if job.policy in AGENT_CACHE_POLICIES:
+    if path == "agent-cache":
         return _AgentCache(job, client)
-    if job.policy in SMG_POLICIES or job.policy in GATEWAY_POLICIES:
+    if path in ("gateway", "smg"):
         return _Gateway(job, client)
-    raise ValueError(f"unknown policy {job.policy!r}")
+    raise ValueError(f"{job.policy!r} does not run in the real engine")
 
 
 async def run_job(job: Job, on_session_done: Callable[[], None] | None = None) -> ReplicaResult:

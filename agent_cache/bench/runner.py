@@ -38,7 +38,6 @@ from typing import Any, Callable, Iterator, Sequence
 
 from agent_cache.bench import bands, pressure, report
 from agent_cache.bench.experiment import (
-    ALL_POLICIES,
     Preset,
     at_slo,
     hit_rate,
@@ -48,9 +47,8 @@ from agent_cache.bench.experiment import (
     workload,
 )
 from agent_cache.bench.fleetsim import FleetConfig
-from agent_cache.bench.policies import POLICIES
 from agent_cache.bench.production import PRODUCTION_COLUMNS, PRODUCTION_POOL
-from agent_cache.bench.realload import REAL_POLICIES
+from agent_cache.bench.registry import REAL_POLICIES, SIM, SIM_POLICIES, SWEEP_POLICIES, check_names, help_text
 from agent_cache.bench.workloads import KINDS
 from agent_cache.errors import AgentCacheError, ConfigError
 from agent_cache.placement.rule import Policy
@@ -59,10 +57,8 @@ from agent_cache.sglang_cpu import LATEST_ENGINE
 from agent_cache.sim.latency import LatencyModel
 from agent_cache.sim.latency_flags import add_latency_args, latency_from_args
 
-__all__ = ["ALL_POLICIES", "Preset", "PRESETS", "build_parser", "capacity_arg", "main_bench", "placement_arg",
+__all__ = ["Preset", "PRESETS", "build_parser", "capacity_arg", "main_bench", "placement_arg",
            "resolve_capacity", "run"]
-_SWEEP_POLICIES = ("round-robin", "least-load", "consistent-hash", "agent-cache", "agent-cache-no-templates",
-                   "oracle", "no-cache")
 
 
 PRESETS = {
@@ -90,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agent-cache bench",
         description="Compare routing policies on agent workloads: a virtual-clock fleet simulation (--engine sim) "
                     "or real processes (--engine real: simulated SGLang worker servers, Redis, router replica "
-                    "processes and the real smg gateway; oracle and no-cache exist only in the sim engine).")
+                    "processes and the real smg gateway; oracle and no-cache exist only in the sim engine).",
+        epilog=help_text())
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick",
                    help="sim: quick 8 workers/300 sessions, full 16/3,000, seed no-cache vs agent-cache, pressure "
                         "ReAct/Reflexion/coding at KV capacity x1, x1.5, x3 of the working set and rising load, "
@@ -116,8 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "set (peak live sessions' context tokens) divided among the workers, e.g. x1.5")
     p.add_argument("--page-size", type=int, default=1, help="radix cache page size in tokens")
     p.add_argument("--arrivals", choices=("poisson", "bursty"), default="poisson")
-    p.add_argument("--policies", help="comma-separated subset of: " + ", ".join(ALL_POLICIES)
-                   + " (sim engine); " + ", ".join(REAL_POLICIES) + " (real engine)")
+    p.add_argument("--policies", help="comma-separated subset of: " + ", ".join(SIM_POLICIES)
+                   + " (sim engine); " + ", ".join(REAL_POLICIES) + " (real engine); every one is listed "
+                   "below the options")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench-results", metavar="DIR")
     p.add_argument("--no-sweeps", action="store_true", help="skip the capacity and offered-load sweeps (sim engine)")
@@ -203,9 +201,7 @@ def _check(args: argparse.Namespace) -> None:
 
         check_redis(args.redis)
     if args.policies:
-        unknown = [n for n in args.policies.split(",") if n.strip() not in POLICIES]
-        if unknown:
-            raise ConfigError("--policies", f"unknown {', '.join(unknown)}; choose from {', '.join(ALL_POLICIES)}")
+        check_names(args.policies, SIM)
 
 
 def capacity_arg(text: str) -> int | float:
@@ -279,7 +275,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.preset == "production":
         config["kv_pool"] = PRODUCTION_POOL.as_dict()
     doc: dict[str, Any] = {"config": config, "policies": report.all_metrics(results)}
-    sweep_names = tuple(n for n in _SWEEP_POLICIES if n in names)
+    sweep_names = tuple(n for n in SWEEP_POLICIES if n in names)
     sweeps = not args.no_sweeps and preset.sweep_sessions and sweep_names
     if sweeps:
         small = workload(args, preset, min(preset.sweep_sessions, n_sessions), rate)

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from agent_cache.bench.fleetsim import FleetConfig, common_prefix, simulate
-from agent_cache.bench.policies import AgentCache, Dispatch, make_policies
+from agent_cache.bench.policies import AgentCache, Dispatch
+from agent_cache.bench.registry import make_policies
 from agent_cache.bench.runner import capacity_arg, resolve_capacity
 from agent_cache.bench.workloads import WorkloadParams, generate
 from agent_cache.bench.trace_replay import load_trace

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent_cache.bench.fleetsim import FleetConfig, simulate
-from agent_cache.bench.policies import POLICIES, make_policies
+from agent_cache.bench.registry import REGISTRY, SIM_POLICIES, make_policies
 from agent_cache.bench.report import all_metrics, write_atomic
 from agent_cache.bench.workloads import GEN_PROMPT, WorkloadParams, arrival_times, generate
 from agent_cache.errors import ConfigError
@@ -88,11 +88,11 @@ def test_sticky_policy_hits_every_later_call_with_room() -> None:
 def test_small_capacity_evicts_and_stays_bounded() -> None:
     ss = generate(WorkloadParams(sessions=60, rate=20, seed=10))
     cfg = FleetConfig(workers=2, capacity_tokens=6_000)
-    results = [simulate(ss, p, cfg) for p in make_policies(list(POLICIES), 2, 1, 0)]
+    results = [simulate(ss, p, cfg) for p in make_policies(list(SIM_POLICIES), 2, 1, 0)]
     m = all_metrics(results)
     for name, r in zip(m, results):
         assert r.sessions_done == 60, name
-        if POLICIES[name].cache == "radix":
+        if not REGISTRY[name].bound:
             assert r.peak_kv_tokens <= 2 * 6_000
         assert m[name]["token_hit_rate"] <= m["oracle"]["token_hit_rate"] + 1e-12
 

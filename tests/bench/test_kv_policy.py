@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from agent_cache.bench.fleetsim import FleetConfig, simulate
-from agent_cache.bench.policies import AgentCacheKv, make_policies
+from agent_cache.bench.policies import AgentCacheKv
+from agent_cache.bench.registry import make_policies
 from agent_cache.bench.workloads import WorkloadParams, generate
 
 

@@ -4,9 +4,7 @@ policies of a run drawn alike."""
 from __future__ import annotations
 
 from agent_cache.bench.plot_style import MAX_SERIES, OKABE_ITO, PRODUCT, panels, styles
-from agent_cache.bench.policies import POLICIES
-from agent_cache.bench.realload import REAL_POLICIES
-from agent_cache.bench.runner import _SWEEP_POLICIES
+from agent_cache.bench.registry import REAL_POLICIES, SIM_POLICIES as POLICIES, SWEEP_POLICIES as _SWEEP_POLICIES
 
 EVERY = list(dict.fromkeys([*POLICIES, *REAL_POLICIES]))  # the sim engine's and the real engine's
 

@@ -8,7 +8,7 @@ import pytest
 
 from agent_cache.bench import report
 from agent_cache.bench.fleetsim import FleetConfig, simulate
-from agent_cache.bench.policies import make_policies
+from agent_cache.bench.registry import make_policies
 from agent_cache.bench.production import PRODUCTION_POOL, sglang_kv_pool
 from agent_cache.bench.runner import main_bench
 from agent_cache.bench.workloads import WorkloadParams, generate

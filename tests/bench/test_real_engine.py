@@ -20,7 +20,8 @@ import pytest
 
 from agent_cache.processes import Processes
 from agent_cache.server_processes import SimWorkers
-from agent_cache.bench.realfleet import SMG_POLICIES, SMG_TUNING, SmgGateways, mesh_argv, smg_argv
+from agent_cache.bench.realfleet import SmgGateways, mesh_argv, smg_argv
+from agent_cache.bench.registry import REGISTRY
 from agent_cache.bench.runner import main_bench
 
 pytestmark = pytest.mark.slow  # its module fixture runs every policy on real processes
@@ -160,8 +161,8 @@ def test_smg_flags_are_the_documented_ones() -> None:
     assert argv[argv.index("--routing-key-headers") + 1] == "x-smg-routing-key"
     assert "--routing-key-headers" not in smg_argv("smg", "prefix_hash", ["http://127.0.0.1:1"], 2, 3)
     # the documented tuning variant is cache_aware with its low threshold, the rest at smg's defaults
-    tuned = smg_argv("smg", SMG_POLICIES["smg-cache_aware-conversational"], ["http://127.0.0.1:1"], 2, 3,
-                     SMG_TUNING["smg-cache_aware-conversational"])
+    conversational = REGISTRY["smg-cache_aware-conversational"]
+    tuned = smg_argv("smg", conversational.smg_policy, ["http://127.0.0.1:1"], 2, 3, conversational.smg_tuning)
     assert tuned[tuned.index("--policy") + 1] == "cache_aware"
     assert tuned[tuned.index("--cache-threshold") + 1] == "0.1"
     assert "--cache-threshold" not in smg_argv("smg", "cache_aware", ["http://127.0.0.1:1"], 2, 3)
