@@ -1,44 +1,15 @@
-"""Pieces every sim-engine benchmark shares: presets' shape, building a workload, running policies,
-the working set, and the throughput figures. ``runner`` (flags) and ``pressure`` both build on it."""
+"""Pieces every sim-engine benchmark shares: running policies, the working set, and the throughput figures.
+``runner`` (flags) and ``pressure`` both build on it."""
 
 from __future__ import annotations
 
-import argparse
 import math
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from agent_cache.bench.fleetsim import FleetConfig, RunResult, simulate, stderr_progress
-from agent_cache.bench.registry import SIM_POLICIES, make_policies
-from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate
-from agent_cache.bench.trace_replay import load_trace
+from agent_cache.bench.registry import make_policies
+from agent_cache.bench.workloads import SessionSpec
 from agent_cache.placement.rule import Policy
-
-@dataclass(frozen=True)
-class Preset:
-    workers: int
-    sessions: int
-    rate: float
-    policies: tuple[str, ...] = SIM_POLICIES
-    kind: str = "react"
-    capacity_tokens: int = 400_000
-    capacity_sweep: tuple[int, ...] = ()
-    workers_sweep: tuple[int, ...] = ()
-    replicas_sweep: tuple[int, ...] = ()
-    load_sweep: tuple[float, ...] = ()
-    sweep_sessions: int = 0
-
-
-def workload(args: argparse.Namespace, preset: Preset, sessions: int, rate: float | None,
-             kind: str | None = None, seed: int | None = None) -> list[SessionSpec]:
-    """The sessions of ``args`` (a trace, or generated); ``seed`` replaces ``args.seed``."""
-    seed = args.seed if seed is None else seed
-    if args.trace:
-        return load_trace(args.trace, sessions=sessions, rate=rate, speedup=args.speedup,
-                          arrivals=args.arrivals, seed=seed)
-    return generate(WorkloadParams(kind=kind or args.workload or preset.kind, sessions=sessions,
-                                   rate=rate or preset.rate, arrivals=args.arrivals, seed=seed))
-
 
 def working_set(sessions: list[SessionSpec], cfg: FleetConfig, seed: int) -> int:
     """The workload's live working set in tokens, as the oracle run measures it (timing as on a real fleet)."""

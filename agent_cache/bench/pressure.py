@@ -22,8 +22,9 @@ import time
 from typing import Any, Callable
 
 from agent_cache.bench import bands, plot_style, report
-from agent_cache.bench.experiment import Preset, working_set
-from agent_cache.bench.experiment import workload as build_workload
+from agent_cache.bench.experiment import working_set
+from agent_cache.bench.presets import Preset
+from agent_cache.bench.presets import workload as build_workload
 from agent_cache.bench.fleetsim import FleetConfig, RunResult, simulate
 from agent_cache.bench.registry import make_policies
 from agent_cache.bench.workloads import SessionSpec

@@ -1,6 +1,6 @@
 """``agent-cache bench --engine real``: the policies compared with real processes.
 
-N worker servers: simulated ones (:class:`~agent_cache.bench.realfleet.SimWorkers`,
+N worker servers: simulated ones (:class:`~agent_cache.server_processes.SimWorkers`,
 the default), real SGLang servers on this CPU (``--fleet sglang``,
 :class:`~agent_cache.bench.realfleet.SGLangWorkers`), or a running fleet
 (``--worker-urls``, :class:`~agent_cache.bench.realfleet.GivenWorkers`);
@@ -17,17 +17,8 @@ are replayed closed-loop: each step's assistant message is the text the
 worker returned, at most ``--answer-tokens`` long, as an agent's next prompt
 extends its last one.
 
-Presets are sized for a small machine (2 cores):
-
-* ``quick``: 4 workers, 32 ReAct sessions at 2 sessions/s, every policy
-  (a few minutes);
-* ``full``: 8 workers, 200 sessions at 4 sessions/s;
-* ``seed``: round-robin, least-load and agent-cache on 4 workers whose
-  modelled GPU is 4x slower (time scale 4), 60 sessions at 4 sessions/s,
-  so prefill weighs more in every call. The simulated worker does not
-  serialise prefills, so this does not saturate the fleet as the sim
-  engine's ``seed`` does. ``no-cache`` and ``oracle`` exist only in the sim
-  engine.
+Its presets: :data:`agent_cache.bench.presets.REAL_PRESETS`. ``no-cache`` and
+``oracle`` exist only in the sim engine.
 """
 
 from __future__ import annotations
@@ -39,7 +30,6 @@ import sys
 import time
 import uuid
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from agent_cache.bench import report
@@ -55,33 +45,13 @@ from agent_cache.bench.realfleet import (
     write_gateway_keys,
 )
 from agent_cache.bench.realload import CallRecord, Job, ReplicaResult, Replicas
-from agent_cache.bench.registry import BOUNDS, REAL, REAL_POLICIES, REGISTRY, check_names
-from agent_cache.bench.workloads import SessionSpec, WorkloadParams, generate
-from agent_cache.bench.trace_replay import load_trace
+from agent_cache.bench.registry import BOUNDS, REAL, REGISTRY, check_names
+from agent_cache.bench.presets import REAL_PRESETS, Preset, workload
 from agent_cache.errors import ConfigError
 from agent_cache.sim.engine import WorkerOptions
 from agent_cache.sim.latency import DEFAULT_LATENCY
 from agent_cache.sim.scheduler import default_max_running_requests
 from agent_cache.sim.versions import LATEST_VERSION, SUPPORTED_VERSIONS
-
-
-@dataclass(frozen=True)
-class RealPreset:
-    workers: int
-    sessions: int
-    rate: float
-    policies: tuple[str, ...] = REAL_POLICIES
-    kind: str = "react"
-    capacity_tokens: int = 200_000
-    time_scale: float = 1.0
-
-
-REAL_PRESETS = {
-    "quick": RealPreset(workers=4, sessions=32, rate=2.0),
-    "full": RealPreset(workers=8, sessions=200, rate=4.0),
-    "seed": RealPreset(workers=4, sessions=60, rate=4.0, policies=("round-robin", "least-load", "agent-cache"),
-                       time_scale=4.0),
-}
 
 
 def check(args: argparse.Namespace) -> None:
@@ -153,7 +123,7 @@ def check_redis(url: str) -> None:
         raise ConfigError("--redis", f"cannot reach {redact_url(url)}: {redact_url(exc)}") from None
 
 
-def _names(args: argparse.Namespace, preset: RealPreset, smg: str | None,
+def _names(args: argparse.Namespace, preset: Preset, smg: str | None,
            log: Callable[[str], None]) -> tuple[str, ...]:
     if args.policies:
         return tuple(n.strip() for n in args.policies.split(","))
@@ -161,16 +131,6 @@ def _names(args: argparse.Namespace, preset: RealPreset, smg: str | None,
         log("smg is not installed (pip install smg): the smg-* policies are skipped")
         return tuple(n for n in preset.policies if REGISTRY[n].path != "smg")
     return preset.policies
-
-
-def _workload(args: argparse.Namespace, preset: RealPreset) -> list[SessionSpec]:
-    sessions = args.sessions or preset.sessions
-    rate = args.rate or preset.rate
-    if args.trace:
-        return load_trace(args.trace, sessions=sessions, rate=args.rate, speedup=args.speedup, arrivals=args.arrivals,
-                          seed=args.seed, chat=True)
-    return generate(WorkloadParams(kind=args.workload or preset.kind, sessions=sessions, rate=rate,
-                                   arrivals=args.arrivals, seed=args.seed))
 
 
 # --- metrics -------------------------------------------------------------------------
@@ -318,7 +278,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     k = args.replicas
     gateways = args.gateways
     t_begin = time.perf_counter()
-    sessions = _workload(args, preset)
+    sessions = workload(args, preset, args.sessions or preset.sessions,
+                        args.rate if args.trace else (args.rate or preset.rate), chat=True)
     kind = "trace" if args.trace else (args.workload or preset.kind)
     log(f"workload: {len(sessions)} sessions ({'trace ' + args.trace if args.trace else kind}), "
         f"built in {time.perf_counter() - t_begin:.1f} s")

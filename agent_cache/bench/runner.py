@@ -4,20 +4,9 @@ Two engines: ``--engine sim`` (default), a virtual-clock fleet simulation
 (:mod:`agent_cache.bench.fleetsim`); ``--engine real``, real processes:
 worker servers (simulated, real SGLang on this CPU with ``--fleet sglang``,
 or a running fleet with ``--worker-urls``), Redis, router replica processes
-and the smg gateway (:mod:`agent_cache.bench.realengine`, which has its own
-presets).
+and the smg gateway (:mod:`agent_cache.bench.realengine`).
 
-Presets of the sim engine:
-
-* ``quick``: 8 workers, 300 ReAct sessions, every policy, small sweeps
-  (under 2 minutes on 2 cores);
-* ``full``: 16 workers, 3,000 ReAct sessions, larger sweeps;
-* ``seed``: no prefix caching vs agent-cache on a ReAct workload at a load
-  that saturates the no-cache fleet: sessions/s, mean session latency, KV;
-* ``pressure``: :mod:`agent_cache.bench.pressure`;
-* ``production``: 4 workers, each with the KV pool SGLang allocates for
-  Llama-3.1-8B on an 80 GB H100 (:mod:`agent_cache.bench.production`),
-  120 coding sessions at 0.8/s; queue waits and decode batch sizes reported.
+Presets of both engines: :mod:`agent_cache.bench.presets`.
 
 ``python -m agent_cache.bench.runner --preset quick --out bench-out`` works
 as well as ``agent-cache bench``.
@@ -37,16 +26,9 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 from agent_cache.bench import bands, pressure, report
-from agent_cache.bench.experiment import (
-    Preset,
-    at_slo,
-    hit_rate,
-    resolve_capacity,
-    run_all,
-    throughput,
-    workload,
-)
+from agent_cache.bench.experiment import at_slo, hit_rate, resolve_capacity, run_all, throughput
 from agent_cache.bench.fleetsim import FleetConfig
+from agent_cache.bench.presets import PRESETS, Preset, workload
 from agent_cache.bench.production import PRODUCTION_COLUMNS, PRODUCTION_POOL
 from agent_cache.bench.registry import REAL_POLICIES, SIM, SIM_POLICIES, SWEEP_POLICIES, check_names, help_text
 from agent_cache.bench.workloads import KINDS
@@ -57,24 +39,7 @@ from agent_cache.sglang_cpu import LATEST_ENGINE
 from agent_cache.sim.latency import LatencyModel
 from agent_cache.sim.latency_flags import add_latency_args, latency_from_args
 
-__all__ = ["Preset", "PRESETS", "build_parser", "capacity_arg", "main_bench", "placement_arg",
-           "resolve_capacity", "run"]
-
-
-PRESETS = {
-    "quick": Preset(workers=8, sessions=300, rate=8.0, capacity_sweep=(8_000, 32_000, 128_000),
-                    workers_sweep=(4, 8, 16), replicas_sweep=(1, 2, 4),
-                    load_sweep=(4.0, 16.0, 64.0), sweep_sessions=150),
-    "full": Preset(workers=16, sessions=3_000, rate=16.0, capacity_sweep=(8_000, 32_000, 128_000, 400_000),
-                   workers_sweep=(8, 16, 32, 64), replicas_sweep=(1, 2, 4, 8),
-                   load_sweep=(8.0, 32.0, 64.0, 128.0), sweep_sessions=600),
-    "seed": Preset(workers=8, sessions=1_000, rate=30.0, policies=("no-cache", "agent-cache")),
-    # ReAct, Reflexion and coding at KV capacity x1, x1.5, x3 of the working set, then at rising load
-    "pressure": Preset(workers=8, sessions=0, rate=0.0, policies=()),
-    # SGLang's own KV pool for Llama-3.1-8B on an 80 GB H100, pressed by concurrent coding-agent sessions
-    "production": Preset(workers=4, sessions=120, rate=0.8, kind="coding", capacity_tokens=PRODUCTION_POOL.tokens,
-                         policies=("least-load", "consistent-hash", "agent-cache")),
-}
+__all__ = ["build_parser", "capacity_arg", "main_bench", "placement_arg", "resolve_capacity", "run"]
 
 
 # An agent step should start answering within half a second, even at the tail.
