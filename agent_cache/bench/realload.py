@@ -36,24 +36,16 @@ How a call finds its worker, by the policy's ``path`` in :mod:`agent_cache.bench
 from __future__ import annotations
 
 import asyncio
-import json
 import multiprocessing as mp
 import multiprocessing.connection
 import time
 import traceback
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 import httpx
 
-from agent_cache.backends.protocol import (
-    build_chat_body,
-    decode_json,
-    http_error,
-    parse_chat,
-    parse_chat_chunk,
-    sse_payload,
-)
+from agent_cache.backends.protocol import build_chat_body, decode_json, http_error, parse_chat, parse_chat_chunk
 from agent_cache.server_processes import MODEL
 from agent_cache.bench.realfleet import (
     GATEWAY_SESSION_HEADER,
@@ -63,8 +55,11 @@ from agent_cache.bench.realfleet import (
 )
 from agent_cache.bench.registry import REGISTRY, ROUTING_KEY_HEADER
 from agent_cache.bench.workloads import CallSpec, ChatCall, SessionSpec
-from agent_cache.calls.transport import transport_error
-from agent_cache.errors import AgentCacheError, MalformedResponseError, StreamError
+from agent_cache.calls.httpx_transport import HttpxTransport
+from agent_cache.calls.jsonio import dumps
+from agent_cache.calls.reader import Event, EventReader
+from agent_cache.calls.transport import CONNECT_TIMEOUT, transport_error
+from agent_cache.errors import AgentCacheError, MalformedResponseError
 from agent_cache.processes import BenchProcessError
 
 
@@ -133,77 +128,94 @@ def _served_by(resp: httpx.Response, base: str) -> str:
     return (resp.headers.get(ROUTED_WORKER_HEADER) or resp.headers.get(GATEWAY_WORKER_HEADER) or base).rstrip("/")
 
 
+CHAT = "/v1/chat/completions"
+
+
+async def _lines(resp: httpx.Response) -> AsyncIterator[bytes]:
+    async for line in resp.aiter_lines():
+        yield line.encode() + b"\n"
+
+
 class ChatClient:
-    """Sends one chat completion (streamed unless ``stream=False``) and measures it."""
+    """Sends one chat completion (streamed unless ``stream=False``) and measures it.
+
+    A call straight to a worker (the client-side policies, the direct path) rides the product's
+    transport (:class:`~agent_cache.calls.httpx_transport.HttpxTransport`); a call to a gateway, which
+    takes the session or routing key in a request header and names the worker in a response header,
+    an httpx client. Either stream is read by the product's :class:`~agent_cache.calls.reader.EventReader`.
+    """
 
     def __init__(self, timeout: float, *, stream: bool = True, model: str = MODEL, scripted: bool = True) -> None:
+        self.timeout = timeout
+        self.transport = HttpxTransport(timeout=timeout, max_connections=512)
         limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), limits=limits)
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT), limits=limits)
         self.stream = stream
         self.model = model
         self.scripted = scripted
 
     async def send(self, base: str, chat: ChatCall, headers: dict[str, str] | None = None) -> _Reply:
-        body = build_chat_body(list(chat.messages), model=self.model, stream=self.stream, include_usage=True,
-                               url=base, tools=list(chat.tools) if chat.tools else None,
-                               max_tokens=chat.output_tokens, temperature=0.0,
-                               extra_body={"sim_output": chat.output} if self.scripted else None)
-        if not self.stream:
-            return await self._send_whole(base, body, headers)
-        t_first = 0.0
-        usage = None
-        worker = base
-        text: list[str] = []
+        """``headers``: a gateway's (sent with httpx, the worker read from the answer's headers)."""
+        body = dumps(build_chat_body(list(chat.messages), model=self.model, stream=self.stream, include_usage=True,
+                                     url=base, tools=list(chat.tools) if chat.tools else None,
+                                     max_tokens=chat.output_tokens, temperature=0.0,
+                                     extra_body={"sim_output": chat.output} if self.scripted else None))
+        if headers is None:
+            if not self.stream:
+                return _whole(base, await self.transport.post(base, CHAT, body))
+            return await _read(base, self.transport.stream(base, CHAT, body, first_byte_timeout=self.timeout))
+        headers = {"content-type": "application/json", **headers}
         try:
-            async with self.http.stream("POST", base + "/v1/chat/completions", json=body,
-                                        headers=headers) as resp:
+            if not self.stream:
+                resp = await self.http.post(base + CHAT, content=body, headers=headers)
+                if resp.status_code >= 400:
+                    raise http_error(resp.status_code, resp.content, base)
+                return _whole(_served_by(resp, base), resp.content)
+            async with self.http.stream("POST", base + CHAT, content=body, headers=headers) as resp:
                 if resp.status_code >= 400:
                     raise http_error(resp.status_code, await resp.aread(), base)
-                worker = _served_by(resp, base)
-                done = False
-                async for line in resp.aiter_lines():
-                    payload = sse_payload(line)
-                    if not payload:
-                        continue
-                    if payload == "[DONE]":
-                        done = True
-                        break
-                    try:
-                        data = json.loads(payload)
-                    except ValueError:
-                        raise MalformedResponseError("stream chunk is not JSON", url=base) from None
-                    chunk = parse_chat_chunk(data, base)
-                    if chunk.content:
-                        t_first = t_first or time.monotonic()
-                        text.append(chunk.content)
-                    if chunk.usage is not None:
-                        usage = chunk.usage
-                if not done:
-                    raise StreamError("stream ended without data: [DONE]", url=base)
+                return await _read(_served_by(resp, base), _lines(resp))
         except httpx.HTTPError as exc:
             raise transport_error(exc, base) from exc
-        if usage is None:
-            raise MalformedResponseError("no usage chunk in the stream", url=base)
-        return _Reply(worker, t_first or time.monotonic(), usage.prompt_tokens, usage.cached_tokens or 0,
-                      usage.completion_tokens, "".join(text))
-
-    async def _send_whole(self, base: str, body: dict[str, Any], headers: dict[str, str] | None) -> _Reply:
-        """A non-streamed call: its first token is its whole answer."""
-        try:
-            resp = await self.http.post(base + "/v1/chat/completions", json=body, headers=headers)
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, base) from exc
-        if resp.status_code >= 400:
-            raise http_error(resp.status_code, resp.content, base)
-        result = parse_chat(decode_json(resp.content, base, "chat completion"), base)
-        if result.usage is None:
-            raise MalformedResponseError("no usage in the response", url=base)
-        usage = result.usage
-        return _Reply(_served_by(resp, base), time.monotonic(), usage.prompt_tokens, usage.cached_tokens or 0,
-                      usage.completion_tokens, result.content or "")
 
     async def aclose(self) -> None:
+        await self.transport.aclose()
         await self.http.aclose()
+
+
+async def _read(worker: str, lines: AsyncIterator[bytes]) -> _Reply:
+    """A streamed answer: its first content token's time, the usage the worker reported, the text."""
+    reader = EventReader(worker, CHAT)
+    t_first = 0.0
+    text: list[str] = []
+
+    def take(event: Event | None) -> None:
+        nonlocal t_first
+        if event is None or event.payload is None:
+            return
+        chunk = parse_chat_chunk(event.data(), worker)  # raises on an error event
+        if chunk.content:
+            t_first = t_first or time.monotonic()
+            text.append(chunk.content)
+
+    async for line in lines:
+        take(reader.feed(line))
+    take(reader.end())
+    if reader.usage is None:
+        raise MalformedResponseError("no usage chunk in the stream", url=worker)
+    usage = reader.usage
+    return _Reply(worker, t_first or time.monotonic(), usage.prompt_tokens, usage.cached_tokens or 0,
+                  usage.completion_tokens, "".join(text))
+
+
+def _whole(worker: str, content: bytes) -> _Reply:
+    """A non-streamed answer: its first token is its whole answer."""
+    result = parse_chat(decode_json(content, worker, "chat completion"), worker)
+    if result.usage is None:
+        raise MalformedResponseError("no usage in the response", url=worker)
+    usage = result.usage
+    return _Reply(worker, time.monotonic(), usage.prompt_tokens, usage.cached_tokens or 0, usage.completion_tokens,
+                  result.content or "")
 
 
 class _ClientSide:

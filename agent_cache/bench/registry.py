@@ -13,6 +13,7 @@ reads from :data:`REGISTRY`.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -142,10 +143,11 @@ def check_names(given: str, engine: str) -> tuple[str, ...]:
     return out
 
 
-def help_text() -> str:
-    """Every policy, the engines that run it and what it is (``agent-cache bench --help``)."""
-    return "policies (engines): " + "; ".join(
-        f"{n} ({', '.join(p.engines)}): {p.description}" for n, p in REGISTRY.items())
+def help_text(width: int = 79) -> str:
+    """Every policy, the engines that run it and what it is, one a paragraph (``agent-cache bench --help``)."""
+    return "policies (the engines that run them):\n" + "\n".join(
+        textwrap.fill(f"{n} ({', '.join(p.engines)}): {p.description}", width, initial_indent="  ",
+                      subsequent_indent="    ", break_on_hyphens=False) for n, p in REGISTRY.items())
 
 
 def make_policies(policy_names: Sequence[str], workers: int, replicas: int, seed: int, *, capacity: int = 400_000,

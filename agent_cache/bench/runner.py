@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import textwrap
 import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -48,10 +49,11 @@ DEFAULT_SLO_TTFT_P99 = 0.5
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="agent-cache bench",
-        description="Compare routing policies on agent workloads: a virtual-clock fleet simulation (--engine sim) "
-                    "or real processes (--engine real: simulated SGLang worker servers, Redis, router replica "
-                    "processes and the real smg gateway; oracle and no-cache exist only in the sim engine).",
+        prog="agent-cache bench", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill(
+            "Compare routing policies on agent workloads: a virtual-clock fleet simulation (--engine sim) or real "
+            "processes (--engine real: simulated SGLang worker servers, Redis, router replica processes and the "
+            "real smg gateway; oracle and no-cache exist only in the sim engine).", 79),
         epilog=help_text())
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick",
                    help="sim: quick 8 workers/300 sessions, full 16/3,000, seed no-cache vs agent-cache, pressure "
