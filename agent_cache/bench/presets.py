@@ -63,7 +63,8 @@ PRESETS = {
                    replicas_sweep=(1, 2, 4, 8), load_sweep=(8.0, 32.0, 64.0, 128.0), sweep_sessions=600),
     "seed": Preset(workers=8, sessions=1_000, rate=30.0, policies=("no-cache", "agent-cache")),
     # ReAct, Reflexion and coding at KV capacity x1, x1.5, x3 of the working set, then at rising load
-    "pressure": Preset(workers=8, sessions=0, rate=0.0),
+    "pressure": Preset(workers=8, sessions=0, rate=0.0,
+                       policies=("least-load", "consistent-hash", "agent-cache", "oracle")),
     # SGLang's own KV pool for Llama-3.1-8B on an 80 GB H100, pressed by concurrent coding-agent sessions
     "production": Preset(workers=4, sessions=120, rate=0.8, kind="coding", capacity_tokens=PRODUCTION_POOL.tokens,
                          policies=("least-load", "consistent-hash", "agent-cache")),

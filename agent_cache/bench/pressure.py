@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from agent_cache.bench import bands, plot_style, report
 from agent_cache.bench.experiment import working_set
-from agent_cache.bench.presets import Preset
+from agent_cache.bench.presets import PRESETS, Preset
 from agent_cache.bench.presets import workload as build_workload
 from agent_cache.bench.fleetsim import FleetConfig, RunResult, simulate
 from agent_cache.bench.registry import make_policies
@@ -31,7 +31,6 @@ from agent_cache.bench.workloads import SessionSpec
 from agent_cache.placement.rule import Policy
 from agent_cache.sim.latency_flags import latency_from_args
 
-POLICIES = ("least-load", "consistent-hash", "agent-cache", "oracle")
 MULTIPLES = (1.0, 1.5, 3.0)
 MAX_DOUBLINGS = 6
 BISECTIONS = 3
@@ -85,7 +84,7 @@ def run(args: argparse.Namespace, workers: int, log: Callable[[str], None],
     ``workloads``: generated workload kind -> (sessions, base rate in sessions/s).
     """
     t0 = time.perf_counter()
-    names = tuple(n.strip() for n in args.policies.split(",")) if args.policies else POLICIES
+    names = tuple(n.strip() for n in args.policies.split(",")) if args.policies else PRESETS["pressure"].policies
     base = FleetConfig(workers=workers, page_size=args.page_size, replicas=args.replicas,
                        latency=latency_from_args(args))
     kinds: list[tuple[str, str | None, int, float]] = [(k, None, n, r) for k, (n, r) in workloads.items()]

@@ -11,7 +11,7 @@ import uuid
 import httpx
 import pytest
 
-from agent_cache.processes import free_port, wait_until
+from agent_cache.processes import free_port
 from agent_cache.errors import ConfigError
 from agent_cache.kv import EventSource, KvView, parse_sources
 from agent_cache.kv.events import KVEventBatch

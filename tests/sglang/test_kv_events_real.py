@@ -18,10 +18,9 @@ import msgpack
 import pytest
 import zmq
 
-from agent_cache.processes import Processes
-from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.kv.events import chain_hashes
-from agent_cache.processes import wait_until
+from agent_cache.processes import Processes, wait_until
+from agent_cache.server_processes import AgentCacheGateways
 from agent_cache.kv.indexer import EventSource, KvIndexer
 from agent_cache.kv.state import KvState
 from agent_cache.sglang_cpu.workers import RealWorker, wait_idle
