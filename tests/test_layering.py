@@ -221,3 +221,21 @@ def test_nothing_on_a_calls_path_imports_the_sglang_harness() -> None:
         if rel.startswith(("sglang_cpu/", "bench/")) or rel == "cli.py":
             continue
         assert not any(m.startswith("agent_cache.sglang_cpu") for m in _imports(path)), rel
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The same imports between the package's first-level rooms (``agent_cache.routing``, ``agent_cache.errors``)."""
+
+    def room(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    rooms: dict[str, set[str]] = {room(m): set() for m in graph}
+    for module, targets in graph.items():
+        rooms[room(module)] |= {room(t) for t in targets} - {room(module)}
+    return rooms
+
+
+def test_no_import_circles_among_agent_cache_packages() -> None:
+    """A room imports another only if that one does not import it back, through any module of either."""
+    circles = _circles(_package_graph(_import_graph()))
+    assert circles == [], "package import circles: " + "; ".join(" -> ".join(c) for c in circles)

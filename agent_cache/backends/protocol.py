@@ -8,8 +8,10 @@ Pure functions shared by the sync and async clients in
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import socket
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -20,10 +22,13 @@ from agent_cache.errors import (
     StreamError,
     WorkerAbortedError,
     WorkerBadRequestError,
+    WorkerConnectionError,
     WorkerRefusedError,
     WorkerRateLimitError,
     WorkerServerError,
+    WorkerTimeoutError,
 )
+from agent_cache.values import Usage
 
 # Body fields of ChatCompletionRequest the client may set. SGLang ignores
 # unknown fields, but we refuse them so a typo is caught here, not silently.
@@ -83,19 +88,6 @@ _CONTEXT_RE = re.compile(
     r"context length|maximum (allowed )?length|max_total_num_tokens|too long|exceeds",
     re.IGNORECASE,
 )
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Token counts of one call; ``cached_tokens`` is None when not reported."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int | None = None
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 @dataclass(frozen=True)
@@ -324,6 +316,25 @@ def error_message(body: bytes | str) -> str:
 # a worker's refusal, not a verdict on the request's content: an API key, a path or a method the worker
 # does not take (errors.WorkerRefusedError)
 REFUSAL_STATUSES = (401, 403, 404, 405)
+
+
+def transport_error(exc: BaseException, worker: str) -> BackendError:
+    """The typed error for a failure to exchange with ``worker`` (any transport's exception; an error status is
+    :func:`http_error`'s)."""
+    if isinstance(exc, BackendError):
+        return exc
+    name = type(exc).__name__
+    if name == "HttpParserError" or (name in ("RemoteProtocolError", "LocalProtocolError") and _not_http(exc)):
+        return MalformedResponseError(f"not an HTTP answer: {exc}", url=worker)
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError, socket.timeout)) or name.endswith("Timeout"):
+        return WorkerTimeoutError(f"timed out: {name}", url=worker)
+    return WorkerConnectionError(f"cannot reach worker: {name}: {exc!s}", url=worker)
+
+
+def _not_http(exc: BaseException) -> bool:
+    """httpx reports both garbage and a connection closed before the answer as a protocol error."""
+    text = str(exc).lower()
+    return "disconnected" not in text and "closed" not in text
 
 
 def http_error(status: int, body: bytes | str, url: str) -> BackendError:

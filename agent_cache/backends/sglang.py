@@ -30,8 +30,8 @@ from agent_cache.backends.protocol import (
     parse_metrics,
     sse_payload,
     stream_error_event,
+    transport_error,
 )
-from agent_cache.calls.transport import transport_error
 from agent_cache.errors import BackendError, ConfigError, InvalidRequestError, ResponseMismatchError, StreamError
 from agent_cache.telemetry import trace_context
 

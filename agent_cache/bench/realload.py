@@ -45,7 +45,14 @@ from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 import httpx
 
-from agent_cache.backends.protocol import build_chat_body, decode_json, http_error, parse_chat, parse_chat_chunk
+from agent_cache.backends.protocol import (
+    build_chat_body,
+    decode_json,
+    http_error,
+    parse_chat,
+    parse_chat_chunk,
+    transport_error,
+)
 from agent_cache.server_processes import MODEL
 from agent_cache.bench.realfleet import (
     GATEWAY_SESSION_HEADER,
@@ -58,7 +65,7 @@ from agent_cache.bench.workloads import CallSpec, ChatCall, SessionSpec
 from agent_cache.calls.httpx_transport import HttpxTransport
 from agent_cache.calls.jsonio import dumps
 from agent_cache.calls.reader import Event, EventReader
-from agent_cache.calls.transport import CONNECT_TIMEOUT, transport_error
+from agent_cache.calls.transport import CONNECT_TIMEOUT
 from agent_cache.errors import AgentCacheError, MalformedResponseError
 from agent_cache.processes import BenchProcessError
 

@@ -13,8 +13,8 @@ from typing import Any, AsyncIterator, Iterator
 
 import httpx
 
-from agent_cache.backends.protocol import decode_json, http_error
-from agent_cache.calls.transport import CONNECT_TIMEOUT, transport_error
+from agent_cache.backends.protocol import decode_json, http_error, transport_error
+from agent_cache.calls.transport import CONNECT_TIMEOUT
 from agent_cache.errors import BackendError, StreamError
 from agent_cache.telemetry import trace_context
 

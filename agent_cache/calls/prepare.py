@@ -23,8 +23,8 @@ from agent_cache.backends.protocol import CHAT_FIELDS
 from agent_cache.backends.request_check import TENANT_FIELDS, check_chat_request
 from agent_cache.calls.jsonio import dumps
 from agent_cache.errors import ConfigError, InvalidRequestError
-from agent_cache.routing.types import RouteRequest
 from agent_cache.templates.templater import NormalizedPrompt, Templater
+from agent_cache.values import RouteRequest
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

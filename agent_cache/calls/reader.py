@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_cache.backends.protocol import Usage, parse_usage, stream_error_event
+from agent_cache.backends.protocol import parse_usage, stream_error_event
 from agent_cache.calls.jsonio import json_object
 from agent_cache.errors import BackendError, MalformedResponseError, ResponseMismatchError, StreamError
+from agent_cache.values import Usage
 
 GENERATE = "/generate"
 

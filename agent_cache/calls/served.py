@@ -12,13 +12,12 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from agent_cache.backends.protocol import Usage
 from agent_cache.calls.prepare import Call
 from agent_cache.routing.cache_view import CacheView
 from agent_cache.routing.router import Router
-from agent_cache.routing.types import Placement
 from agent_cache.templates.registry import TemplateRegistry
 from agent_cache.traces import TraceWriter
+from agent_cache.values import Placement, Usage
 
 Hook = Callable[[Call, Placement], None]  # run after each served call; queues its work, no I/O
 

@@ -7,7 +7,7 @@ answer's lines as they arrive. Its contract, whichever library is under it:
   reached, answer and send its first line (a hung worker accepts the
   connection and sends nothing), then at most the transport's stall timeout
   between lines;
-- failures are typed (:func:`transport_error`): :class:`WorkerConnectionError`
+- failures are typed (:func:`~agent_cache.backends.protocol.transport_error`): :class:`WorkerConnectionError`
   (the worker could not be reached, or dropped the connection before
   answering), :class:`WorkerTimeoutError` (silence past a deadline),
   :class:`MalformedResponseError` (not HTTP), the status's error for an error
@@ -25,11 +25,7 @@ reference, sync and async) and the gateway's optional fast path
 
 from __future__ import annotations
 
-import asyncio
-import socket
 from typing import Any, AsyncIterator, Iterator, Protocol
-
-from agent_cache.errors import BackendError, MalformedResponseError, WorkerConnectionError, WorkerTimeoutError
 
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection, however long the call may take
 
@@ -75,21 +71,3 @@ class SyncWorkerTransport(Protocol):
                first_byte_timeout: float | None = None) -> Iterator[bytes]: ...
 
     def close(self) -> None: ...
-
-
-def transport_error(exc: BaseException, worker: str) -> BackendError:
-    """The typed error for a failure to exchange with ``worker`` (any transport's exception)."""
-    if isinstance(exc, BackendError):
-        return exc
-    name = type(exc).__name__
-    if name == "HttpParserError" or (name in ("RemoteProtocolError", "LocalProtocolError") and _not_http(exc)):
-        return MalformedResponseError(f"not an HTTP answer: {exc}", url=worker)
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError, socket.timeout)) or name.endswith("Timeout"):
-        return WorkerTimeoutError(f"timed out: {name}", url=worker)
-    return WorkerConnectionError(f"cannot reach worker: {name}: {exc!s}", url=worker)
-
-
-def _not_http(exc: BaseException) -> bool:
-    """httpx reports both garbage and a connection closed before the answer as a protocol error."""
-    text = str(exc).lower()
-    return "disconnected" not in text and "closed" not in text

@@ -18,10 +18,9 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
-from agent_cache.backends.protocol import Usage
-from agent_cache.routing.types import Placement
 from agent_cache.telemetry.log_format import ACCESS_LOGGER, FIELDS
 from agent_cache.telemetry.trace_context import session_hash
+from agent_cache.values import Placement, Usage
 
 logger = logging.getLogger(ACCESS_LOGGER)
 REQUEST_ID_HEADER = "x-request-id"

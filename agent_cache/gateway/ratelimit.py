@@ -36,11 +36,11 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agent_cache.backends.protocol import Usage
 from agent_cache.errors import StoreError
 from agent_cache.gateway.errors import RequestRejectedError
 from agent_cache.gateway.keys import ApiKey
 from agent_cache.store import keys, lua
+from agent_cache.values import Usage
 
 logger = logging.getLogger("agent_cache.gateway.limits")
 

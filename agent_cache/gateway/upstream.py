@@ -8,7 +8,7 @@ both (tests/calls/test_transports.py). It speaks what the gateway needs from
 SGLang: a request with a body of known length; an answer with a
 ``Content-Length`` or chunked; a stream's lines as they arrive; a request
 written early on an idle keep-alive connection. Errors are the transports'
-typed errors (:func:`~agent_cache.calls.transport.transport_error`).
+typed errors (:func:`~agent_cache.backends.protocol.transport_error`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 import httptools
 
 from agent_cache.backends.protocol import decode_json, http_error
+from agent_cache.backends.protocol import transport_error as _error
 from agent_cache.calls.transport import CONNECT_TIMEOUT as _CONNECT_TIMEOUT
-from agent_cache.calls.transport import transport_error as _error
 from agent_cache.errors import StreamError
 from agent_cache.telemetry import trace_context
 

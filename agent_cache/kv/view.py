@@ -23,8 +23,8 @@ from agent_cache.kv.indexer import EventSource, KvIndexer
 from agent_cache.kv.metrics import KV_METRICS
 from agent_cache.kv.state import KvState
 from agent_cache.kv.tokens import HEAD_MIN_CHARS, TAIL_CHARS, KvTokens, trim_edges
-from agent_cache.routing.types import Placement
 from agent_cache.store.base import WorkerSpec
+from agent_cache.values import Placement
 
 
 class KvView:

@@ -8,11 +8,11 @@ from typing import Any
 from langchain_core.messages import LC_ID_PREFIX, AIMessageChunk
 from langchain_core.outputs import ChatGenerationChunk
 
-from agent_cache.backends.protocol import Usage, parse_chat_chunk
+from agent_cache.backends.protocol import parse_chat_chunk
 from agent_cache.calls.reader import Event
 from agent_cache.langchain.messages import to_ai_chunk, usage_metadata
 from agent_cache.routing.lifecycle import Attempt
-from agent_cache.routing.types import Placement
+from agent_cache.values import Placement, Usage
 
 
 @dataclass

@@ -7,12 +7,11 @@ Each router operation that talks to the store is written once as a flow of store
 
 from __future__ import annotations
 
-from agent_cache.backends.protocol import Usage
 from agent_cache.routing.health import HealthTracker
 from agent_cache.routing.outbox import Outbox
 from agent_cache.routing.store_ops import Flow, arun
-from agent_cache.routing.types import Placement, RouteRequest
 from agent_cache.store.base import MetadataStore
+from agent_cache.values import Placement, RouteRequest, Usage
 
 
 class AsyncFace:

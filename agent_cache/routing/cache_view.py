@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
-from agent_cache.routing.types import Placement
 from agent_cache.store.base import WorkerSpec
+from agent_cache.values import Placement
 
 
 @runtime_checkable

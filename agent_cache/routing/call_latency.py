@@ -23,9 +23,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from agent_cache.backends.protocol import Usage
 from agent_cache.routing.metrics import CACHED, CANCELLED, ERROR, INPUT, NO_WORKER, OK, OUTPUT, RouterMetrics
-from agent_cache.routing.types import Placement
+from agent_cache.values import Placement, Usage
 
 
 def outcome(error: BaseException | None) -> str:

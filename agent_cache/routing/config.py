@@ -12,8 +12,8 @@ from agent_cache.backends.request_check import check_text
 from agent_cache.backends.sglang import normalize_worker_url
 from agent_cache.errors import ConfigError
 from agent_cache.placement.rule import Policy
+from agent_cache.values import DEFAULT_POOL
 
-DEFAULT_POOL = "default"
 DEFAULT_PROBE_INTERVAL = 5.0  # seconds between active /health probes (Router, ChatSGLang with several workers, serve)
 DEFAULT_MAX_ATTEMPTS = 3  # tries of a call across workers (Router, serve; ChatSGLang's max_retries is this less one)
 # A session id is part of every store key of its session (three times in

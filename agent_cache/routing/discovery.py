@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from agent_cache.errors import ConfigError
-from agent_cache.routing.config import DEFAULT_POOL
+from agent_cache.values import DEFAULT_POOL
 
 Resolver = Callable[[str, int], list[str]]  # (name, port) -> addresses; OSError when the name does not resolve
 

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from agent_cache.errors import ConfigError, StoreError
-from agent_cache.routing.config import DEFAULT_POOL, parse_worker
+from agent_cache.routing.config import parse_worker
 from agent_cache.routing.discovery import DnsTarget, HostsFileResolver, Resolver, discover, system_resolver
 from agent_cache.routing.router import Router
 from agent_cache.store.fleet_board import DRAINING, GONE, UP, FleetBoard, FleetEntry
+from agent_cache.values import DEFAULT_POOL
 
 logger = logging.getLogger("agent_cache.fleet")
 

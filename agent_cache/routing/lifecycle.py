@@ -24,13 +24,12 @@ from dataclasses import dataclass
 from typing import (Any, AsyncGenerator, Awaitable, Callable, Generator, Iterator, Mapping, Protocol, Sequence, TypeVar,
                     Union)
 
-from agent_cache.backends.protocol import Usage
 from agent_cache.errors import BackendError, NoHealthyWorkerError
 from agent_cache.routing.call_latency import CallLatency
 from agent_cache.routing.config import WorkerConfig
 from agent_cache.routing.metrics import RouterMetrics
-from agent_cache.routing.types import Placement, RouteRequest
 from agent_cache.telemetry import tracing
+from agent_cache.values import Placement, RouteRequest, Usage
 
 T = TypeVar("T")
 Y = TypeVar("Y")

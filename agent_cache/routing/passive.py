@@ -14,7 +14,7 @@ from agent_cache.routing.config import WorkerConfig
 from agent_cache.routing.degraded import logger
 from agent_cache.routing.health import HealthTracker
 from agent_cache.routing.metrics import RouterMetrics
-from agent_cache.routing.types import Placement
+from agent_cache.values import Placement
 
 
 class PassiveHealth:

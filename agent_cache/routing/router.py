@@ -21,13 +21,11 @@ import time
 from typing import AbstractSet, Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from agent_cache import exit_flush
-from agent_cache.backends.protocol import Usage
 from agent_cache.errors import (BackendError, ConfigError, InvalidRequestError, NoHealthyWorkerError, RoutingError,
                                 StoreError, StoreUnavailableError)
 from agent_cache.routing.async_face import AsyncFace
 from agent_cache.routing.config import (
     DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_POOL,
     DEFAULT_PROBE_INTERVAL,
     WorkerConfig,
     check_policy,
@@ -50,7 +48,6 @@ from agent_cache.routing.passive import PassiveHealth
 from agent_cache.routing.prober import Prober
 from agent_cache.routing.recent import RecentWorkers
 from agent_cache.routing.store_ops import Flow, StoreOp, run
-from agent_cache.routing.types import STORELESS, Placement, RouteRequest
 from agent_cache.placement.rule import DOWN, DRAINING, UP, Policy
 from agent_cache.store.base import (
     DEFAULT_PREFIX,
@@ -61,6 +58,7 @@ from agent_cache.store.base import (
     WorkerSpec,
 )
 from agent_cache.store.memory import MemoryStore
+from agent_cache.values import DEFAULT_POOL, STORELESS, Placement, RouteRequest, Usage
 
 T = TypeVar("T")
 DEFAULT_CAPACITY = 200_000  # KV tokens assumed until /server_info answers

@@ -16,9 +16,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from agent_cache.backends.protocol import Usage
-from agent_cache.routing.types import Placement, RouteRequest
 from agent_cache.telemetry import trace_context
+from agent_cache.values import Placement, RouteRequest, Usage
 
 PROVIDER = "sglang"
 _SCOPE = "agent_cache"

@@ -20,9 +20,8 @@ import os
 import sys
 from typing import Any, Mapping, Protocol
 
-from agent_cache.backends.protocol import Usage
-from agent_cache.routing.types import Placement, RouteRequest
 from agent_cache.telemetry import trace_context
+from agent_cache.values import Placement, RouteRequest, Usage
 
 logger = logging.getLogger("agent_cache.tracing")
 
