@@ -143,8 +143,22 @@ class HttpxTransport:
             if response is not None:
                 await response.aclose()
 
-    async def post(self, worker: str, path: str, body: bytes) -> bytes:
+    async def post(self, worker: str, path: str, body: bytes, *, early: Any = None) -> bytes:
+        if early is not None:
+            assert isinstance(early, _Early)
+            return await _read(await early.opening, worker)
         return await _read(await self._open(worker, path, body), worker)
+
+    async def alive(self, worker: str, timeout: float) -> bool:
+        request = httpx.Request("GET", worker + "/health", headers=self._headers,
+                                extensions={"timeout": httpx.Timeout(timeout).as_dict()})
+        try:
+            async with asyncio.timeout(timeout):
+                response = await self._pool.handle_async_request(request)
+                await _read(response, worker)
+        except (httpx.HTTPError, BackendError, TimeoutError):
+            return False
+        return response.status_code == 200
 
     async def get_json(self, worker: str, path: str) -> Any:
         request = httpx.Request("GET", worker + path, headers=self._headers, extensions=self._extensions)

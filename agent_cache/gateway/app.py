@@ -6,7 +6,7 @@ Every proxied call goes through the same pipeline as a ``ChatSGLang`` call
 worker while nothing reached the client, the attempt's usage is fed back to
 the store), each attempt over the gateway's transport (httpx, or the fast
 path with ``--transport fast``). Stream events pass through unchanged, event
-by event; a whole answer is assembled from the worker's stream
+by event; a whole call is sent whole and the worker's answer passed on
 (:mod:`agent_cache.gateway.forward`). Two headers say where the call went
 (``x-agent-cache-worker``, ``x-agent-cache-session``).
 """

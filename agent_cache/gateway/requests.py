@@ -80,7 +80,8 @@ def prepare(path: str, body: dict[str, Any], *, grant: ApiKey, extra_key: str | 
     try:
         return calls.prepare(path, params, session=session, tenant=grant.tenant, pool=grant.pool or pool,
                              extra_key=extra_key, templater=templater, fields=FIELDS[path] | extra_fields,
-                             owner=_TENANT_HINT, checked_json=checked_json, from_json=True)
+                             owner=_TENANT_HINT, checked_json=checked_json, from_json=True,
+                             stream_whole=False)
     except TemplateError as exc:
         field = exc.field if exc.field.startswith(("messages", "tools")) else f"messages.{exc.field}"
         raise InvalidRequestError(field, str(exc).split(": ", 1)[-1]) from None

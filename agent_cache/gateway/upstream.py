@@ -25,7 +25,7 @@ import httptools
 from agent_cache.backends.protocol import decode_json, http_error
 from agent_cache.calls.transport import CONNECT_TIMEOUT as _CONNECT_TIMEOUT
 from agent_cache.calls.transport import transport_error as _error
-from agent_cache.errors import StreamError
+from agent_cache.errors import BackendError, StreamError
 from agent_cache.telemetry import trace_context
 
 # SGLang's HTTP server (uvicorn) closes a connection idle for 5 s; closing ours first means a
@@ -323,10 +323,28 @@ class Upstream:
 
     # --- the calls ----------------------------------------------------------------------------
 
-    async def post(self, worker: str, path: str, body: bytes) -> bytes:
-        """``POST`` an encoded JSON body; the response body (an error status raises its typed error)."""
-        origin, conn = await self._open(b"POST", worker, path, body, streaming=False, deadline=None)
+    async def post(self, worker: str, path: str, body: bytes, *, early: Any = None) -> bytes:
+        """``POST`` an encoded JSON body; the response body (an error status raises its typed error).
+        ``early``: the same request, already written by :meth:`send_early`."""
+        sent: SentEarly | None = early
+        if sent is not None:
+            origin = sent.origin
+            conn = await self._headers(worker, origin, sent.conn, sent.request, False, None)
+            conn.stop_streaming()  # read whole: never paused for a consumer
+        else:
+            origin, conn = await self._open(b"POST", worker, path, body, streaming=False, deadline=None)
         return await self._answer(origin, conn, worker)
+
+    async def alive(self, worker: str, timeout: float) -> bool:
+        """Whether ``worker`` answers ``GET /health`` with 200 within ``timeout`` seconds."""
+        try:
+            origin, conn = await self._open(b"GET", worker, "/health", b"", streaming=False,
+                                            deadline=time.monotonic() + timeout)
+            async with asyncio.timeout(timeout):
+                await self._answer(origin, conn, worker)
+        except (BackendError, TimeoutError):
+            return False
+        return conn.status == 200
 
     async def stream(self, worker: str, path: str, body: bytes, *, first_byte_timeout: float | None = None,
                      early: Any = None) -> AsyncGenerator[bytes, None]:
@@ -376,9 +394,9 @@ class Upstream:
         self._release(origin, conn)
 
     def send_early(self, worker: str, path: str, body: bytes) -> "SentEarly | None":
-        """Write a streamed :meth:`post` on an idle keep-alive connection to ``worker`` at once, without
-        waiting for anything; None when no connection is idle. Read the answer with :meth:`stream`
-        given ``early``, or :meth:`drop` it."""
+        """Write a :meth:`post` on an idle keep-alive connection to ``worker`` at once, without waiting
+        for anything; None when no connection is idle. Read the answer with :meth:`stream` (or, for a
+        request that asks for a whole answer, :meth:`post`) given ``early``, or :meth:`drop` it."""
         origin, request, conn = self._write_pooled(b"POST", worker, path, body, True)
         return SentEarly(worker, origin, conn, request) if conn is not None else None
 
