@@ -418,3 +418,32 @@ def test_the_sync_httpx_transport_reads_lines_and_types_its_errors() -> None:
         await asyncio.to_thread(run)
 
     _serve(_misbehaving(mode), test)
+
+
+def test_the_httpx_transport_writes_a_requests_head_and_body_at_once() -> None:
+    from agent_cache.calls.httpx_transport import _HeadWithBody
+
+    class Recorded:
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+
+        async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            self.writes.append(buffer)
+
+        async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            return b"HTTP/1.1 200 OK\r\n"
+
+    async def main() -> None:
+        inner = Recorded()
+        stream = _HeadWithBody(inner)  # type: ignore[arg-type]
+        post = b"POST /generate HTTP/1.1\r\nHost: w\r\nContent-Length: 2\r\n\r\n"
+        await stream.write(post)
+        await stream.write(b"{}")
+        await stream.write(b"")  # the end of the message
+        get = b"GET /health HTTP/1.1\r\nHost: w\r\n\r\n"
+        await stream.write(get)
+        await stream.write(post)
+        await stream.read(100)  # an answer read before a body came: the head went first
+        assert inner.writes == [post + b"{}", get, post]
+
+    asyncio.run(main())
