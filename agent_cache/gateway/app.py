@@ -431,6 +431,8 @@ def _lifespan(gateway: Gateway) -> Callable[[Starlette], Any]:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         encoder()  # load the tokenizer the templates count with now, not inside the first call
+        # calls' releases and usage reports written in this loop, not by waking a thread per call
+        gateway.router.outbox.flush_in(asyncio.get_running_loop())
         await gateway.check_store()
         await asyncio.to_thread(gateway.fleet.start)  # the shared fleet (and DNS) before the first call
         yield
