@@ -85,14 +85,15 @@ def prepare(path: str, params: dict[str, Any], *, session: str, tenant: str, poo
             extra_key: str | None, templater: Templater | None, fields: Collection[str] | None = None,
             owner: str = "give ChatSGLang(tenant=...) instead", variables: Mapping[str, str] | None = None,
             include_usage: bool = False, checked_json: bool = False, from_json: bool = False,
-            stream_whole: bool = True) -> Call:
+            stream_whole: bool = True, depth_checked: bool = False) -> Call:
     """Check one request (``params``: its body, ``messages`` and ``extra_body`` included) and build its
     :class:`Call`. ``fields``: the fields accepted (by default those SGLang accepts on ``path``);
     ``owner``: how the caller picks a tenant, for the error naming a tenant-owned field;
     ``variables``: the call's template variables; ``checked_json``: every text is valid Unicode and
     every number finite (a strict parser read it), so that walk is skipped; ``from_json``: the
     messages and tools were just read from JSON text (only JSON's own types); ``stream_whole``: a
-    call whose caller wants the whole answer is streamed from the worker too (else it is sent whole).
+    call whose caller wants the whole answer is streamed from the worker too (else it is sent whole);
+    ``depth_checked``: the request's nesting was checked as it was read.
     A :class:`~agent_cache.errors.TemplateError` from the templater is raised as it is."""
     fields = FIELDS[path] if fields is None else fields
     params = dict(params)
@@ -111,7 +112,8 @@ def prepare(path: str, params: dict[str, Any], *, session: str, tenant: str, poo
             raise InvalidRequestError("messages", "required: the conversation so far")
         if not isinstance(messages, list) or not messages:
             raise InvalidRequestError("messages", "expected a non-empty list of messages")
-        check_chat_request(messages, params, owned, fields=fields, owner=owner, values_checked=checked_json)
+        check_chat_request(messages, params, owned, fields=fields, owner=owner, values_checked=checked_json,
+                           depth_checked=depth_checked)
         if templater is None:
             raise ValueError("a chat request needs the tenant's templater")
         prompt = templater.normalize(messages, params.get("tools"), session_id=session, variables=variables,
@@ -122,7 +124,8 @@ def prepare(path: str, params: dict[str, Any], *, session: str, tenant: str, poo
         template_id, tokens = prompt.template_id, prompt.template_tokens
     else:
         _check_input(path, params)
-        check_chat_request([], params, owned, fields=fields, owner=owner, values_checked=checked_json)
+        check_chat_request([], params, owned, fields=fields, owner=owner, values_checked=checked_json,
+                           depth_checked=depth_checked)
     params.update(params.pop("extra_body", None) or {})  # merged unchecked, as the OpenAI SDK merges it
     for name in TENANT_FIELDS:
         params.pop(name, None)

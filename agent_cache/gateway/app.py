@@ -293,7 +293,7 @@ class Gateway:
                        templater=self.templater(grant.tenant) if path == CHAT else None,
                        pool=authz.choose_pool(grant, request.headers.get(POOL_HEADER)),
                        extra_fields=self.config.extra_fields, shared=self.config.api_keys is not None,
-                       checked_json=checked)
+                       checked_json=checked, depth_checked=True)
         return call, reservation_tokens(body, len(raw))
 
     # --- the gateway's own endpoints --------------------------------------------------
