@@ -203,10 +203,11 @@ class HttpxTransport:
                 pending = b""
                 async for data in response.stream:  # type: ignore[union-attr]  # the transport's byte stream
                     lines, pending = _lines(pending, data)
-                    for line in lines:
+                    if lines:  # lines read together came together: one bound for them all
                         seen = True
                         # from the first line on, the deadline is the stall bound from the latest one
                         first_byte.reschedule(None if self.stall is None else loop.time() + self.stall)
+                    for line in lines:
                         yield line
                 if pending:
                     yield pending

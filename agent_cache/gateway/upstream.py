@@ -63,6 +63,11 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
         self.sent_at = 0.0
+        # one timer per connection, moved on lazily: a stream's every event would otherwise schedule one
+        self._loop = asyncio.get_running_loop()
+        self._expires: float | None = None  # when the current wait times out (the loop's clock)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._begin(streaming=False)
 
     def _begin(self, streaming: bool) -> None:
@@ -157,17 +162,36 @@ class _Connection(asyncio.Protocol):
         ``timeout`` seconds without a byte."""
         if self.error is not None:
             raise self.error
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(timeout, _expire, waiter) if timeout is not None else None
+        if timeout is None:
+            self._expires = None
+        else:
+            self._expires = expires = loop.time() + timeout
+            if self._timer is None or self._timer_at > expires:  # else it fires first, and moves on to this
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._arm(expires)
         try:
             await waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
         if self.error is not None:
             raise self.error
+
+    def _arm(self, at: float) -> None:
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._timed)
+
+    def _timed(self) -> None:
+        self._timer = None
+        waiter, expires = self._waiter, self._expires
+        if waiter is None or waiter.done() or expires is None:
+            return  # nothing waits now: the next wait arms it again
+        if self._loop.time() < expires:
+            self._arm(expires)  # the wait began after this timer was set
+        else:
+            waiter.set_exception(asyncio.TimeoutError())
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -182,13 +206,11 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.transport is not None:
             self.transport.abort()
-
-
-def _expire(waiter: "asyncio.Future[None]") -> None:
-    if not waiter.done():
-        waiter.set_exception(asyncio.TimeoutError())
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ deadline (new sessions' first calls took up to 12 s to leave it).
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import deque
 
@@ -39,6 +40,29 @@ DEFAULT_FLOOR = 5.0  # seconds: a deadline is never shorter than this
 DEFAULT_FACTOR = 3.0
 WINDOW = 64
 MIN_SAMPLES = 8
+
+
+class _Recent:
+    """The last ``window`` samples (seconds, bytes), and each kept sorted, so a percentile costs no sort."""
+
+    __slots__ = ("samples", "times", "sizes")
+
+    def __init__(self, window: int) -> None:
+        self.samples: deque[tuple[float, int]] = deque(maxlen=window)
+        self.times: list[float] = []
+        self.sizes: list[int] = []
+
+    def add(self, seconds: float, size: int) -> None:
+        if len(self.samples) == self.samples.maxlen:
+            old_t, old_n = self.samples[0]
+            del self.times[bisect.bisect_left(self.times, old_t)]
+            del self.sizes[bisect.bisect_left(self.sizes, old_n)]
+        self.samples.append((seconds, size))
+        bisect.insort(self.times, seconds)
+        bisect.insort(self.sizes, size)
+
+    def __len__(self) -> int:
+        return len(self.samples)
 
 
 class FirstByteDeadlines:
@@ -54,10 +78,9 @@ class FirstByteDeadlines:
         self.factor = float(factor)
         self._window = window
         self._min_samples = min_samples
-        # (worker, whole) -> (seconds to first byte or to the whole answer, call bytes)
-        self._samples: dict[tuple[str, bool], deque[tuple[float, int]]] = {}
-        # every worker's, for one without a record
-        self._fleet = {whole: deque[tuple[float, int]](maxlen=window) for whole in (False, True)}
+        # (worker, whole) -> seconds to first byte or to the whole answer, and call bytes
+        self._samples: dict[tuple[str, bool], _Recent] = {}
+        self._fleet = {whole: _Recent(window) for whole in (False, True)}  # every worker's, for one without a record
         # worker -> bytes of each call sent and not yet answered, streamed or whole (they queue alike)
         self._waiting: dict[str, list[int]] = {}
         self._lock = threading.Lock()
@@ -68,15 +91,15 @@ class FirstByteDeadlines:
         with self._lock:
             recent = self._samples.get((worker, whole))
             if recent is None:
-                recent = self._samples[worker, whole] = deque(maxlen=self._window)
-            recent.append((seconds, size))
-            self._fleet[whole].append((seconds, size))
+                recent = self._samples[worker, whole] = _Recent(self._window)
+            recent.add(seconds, size)
+            self._fleet[whole].add(seconds, size)
 
-    def _record(self, worker: str, whole: bool) -> list[tuple[float, int]] | None:
+    def _record(self, worker: str, whole: bool) -> _Recent | None:
         """The samples that judge ``worker``: its own, else every worker's, else None (too few)."""
         for recent in (self._samples.get((worker, whole)), self._fleet[whole]):
             if recent is not None and len(recent) >= self._min_samples:
-                return list(recent)
+                return recent
         return None
 
     def deadline(self, worker: str, cap: float | None, size: int = 0, *, whole: bool = False) -> float | None:
@@ -85,10 +108,10 @@ class FirstByteDeadlines:
         than the recent ones, at most ``cap``."""
         with self._lock:
             recent = self._record(worker, whole)
-        if recent is None:
-            return cap
-        p95 = sorted_percentile(sorted(t for t, _ in recent), 0.95)
-        usual = sorted_percentile(sorted(n for _, n in recent), 0.95)
+            if recent is None:
+                return cap
+            p95 = sorted_percentile(recent.times, 0.95)
+            usual = sorted_percentile(recent.sizes, 0.95)
         wait = max(self.floor, self.factor * p95) * max(1.0, size / max(usual, 1))
         return wait if cap is None else min(wait, cap)
 
@@ -99,7 +122,7 @@ class FirstByteDeadlines:
         with self._lock:
             ahead = self._waiting.setdefault(worker, [])
             recent = self._record(worker, False) or self._record(worker, True)
-            usual = sorted_percentile(sorted(n for _, n in recent), 0.95) if recent else 0
+            usual = sorted_percentile(recent.sizes, 0.95) if recent else 0
             counted = size + sum(max(0, n - usual) for n in ahead)
             ahead.append(size)
         return int(counted)
