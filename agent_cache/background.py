@@ -3,21 +3,26 @@
 
 The router's in-flight releases and the template registry's bookkeeping are
 queued by the call and written here, so a slow or frozen store never stalls
-a call (nor an event loop).
+a call (nor an event loop). A flusher given an async flush writes in the
+event loop that kicked it, as a task of its own, rather than waking its
+thread for every call (the gateway's calls all kick from its loop).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
-from typing import Callable
+from typing import Awaitable, Callable
 
 logger = logging.getLogger("agent_cache")
 
 
 class Flusher:
-    """A daemon thread that calls ``flush`` ``delay`` seconds after the first :meth:`kick`."""
+    """A daemon thread that calls ``flush`` ``delay`` seconds after the first :meth:`kick`; or, once
+    :meth:`run_in` bound it to an event loop, for a kick from that loop, ``aflush`` run in that loop
+    ``delay`` seconds later (one flush at a time; a kick during one starts another round after it)."""
 
     def __init__(self, delay: float, flush: Callable[[], None], name: str = "agent-cache-flush") -> None:
         self.delay = delay
@@ -27,8 +32,26 @@ class Flusher:
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # the event loop kicks are flushed in, and its state (touched from that loop's thread only)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._aflush: Callable[[], Awaitable[None]] | None = None
+        self._scheduled = False
+        self._task: asyncio.Task[None] | None = None  # held: the loop's reference to a task is weak
+        self._again = False
+
+    def run_in(self, loop: asyncio.AbstractEventLoop, aflush: Callable[[], Awaitable[None]]) -> None:
+        """From now on a kick from ``loop`` (a long-lived one, running in this thread) is flushed there."""
+        self._loop, self._loop_thread, self._aflush = loop, threading.get_ident(), aflush
 
     def kick(self) -> None:
+        if self._loop is not None and threading.get_ident() == self._loop_thread:
+            if self._task is not None:
+                self._again = True
+            elif not self._scheduled and not self._stopped.is_set():
+                self._scheduled = True
+                self._loop.call_later(self.delay, self._start)
+            return
         if self._thread is None or not self._thread.is_alive():  # first use, or in a forked child
             with self._lock:
                 if self._stopped.is_set():
@@ -38,6 +61,23 @@ class Flusher:
                     self._thread.start()
         if not self._kicked.is_set():  # set() takes a lock: skip it while a flush is already due
             self._kicked.set()
+
+    def _start(self) -> None:
+        self._scheduled = False
+        if not self._stopped.is_set() and self._loop is not None:
+            self._task = self._loop.create_task(self._arun())
+
+    async def _arun(self) -> None:
+        assert self._aflush is not None
+        try:
+            await self._aflush()
+        except Exception:  # never let a failed flush go unreported
+            logger.exception("%s failed", self.name)
+        finally:
+            self._task = None
+            if self._again:  # kicked during the flush: another round
+                self._again = False
+                self.kick()
 
     def _run(self) -> None:
         while not self._stopped.is_set():

@@ -2,7 +2,9 @@
 
 One pooled httpx client per transport serves every worker (absolute URLs).
 Lines are split from the raw body bytes, each kept with its line ending, so
-the gateway can pass events on byte for byte, as the fast path does.
+the gateway can pass events on byte for byte, as the fast path does. The
+async transport's connections write a request's head and body in one write
+(httpcore makes two, and the worker wakes for each).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterator
 
+import httpcore
 import httpx
 
 from agent_cache.backends.protocol import decode_json, http_error, transport_error
@@ -58,6 +61,80 @@ async def _read(response: httpx.Response, worker: str) -> bytes:
         await response.aclose()
 
 
+def _has_body(head: bytes) -> bool:
+    """Whether ``head`` is an HTTP/1.1 request head whose body comes next (a length other than 0)."""
+    if not head.endswith(b"\r\n\r\n"):
+        return False
+    lowered = head.lower()
+    return b"\r\ncontent-length:" in lowered and b"\r\ncontent-length: 0\r\n" not in lowered
+
+
+class _HeadWithBody(httpcore.AsyncNetworkStream):
+    """A connection that holds a request's head until its body is written, and writes both at once."""
+
+    def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
+        self._stream = stream
+        self._head = b""
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if self._head:
+            buffer, self._head = self._head + buffer, b""
+        elif not buffer:  # the end of a message with a length: nothing to write
+            return
+        elif _has_body(buffer):
+            self._head = buffer  # written with the body, next
+            return
+        await self._stream.write(buffer, timeout)
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self._head:  # no body came after all
+            head, self._head = self._head, b""
+            await self._stream.write(head, timeout)
+        return await self._stream.read(max_bytes, timeout)
+
+    async def aclose(self) -> None:
+        self._head = b""
+        await self._stream.aclose()
+
+    async def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                        timeout: float | None = None) -> httpcore.AsyncNetworkStream:
+        return _HeadWithBody(await self._stream.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _OneWriteBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend, its connections :class:`_HeadWithBody`."""
+
+    def __init__(self) -> None:
+        self._backend = httpcore.AnyIOBackend()
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                          socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+        return _HeadWithBody(await self._backend.connect_tcp(host, port, timeout, local_address, socket_options))
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                  socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+        return _HeadWithBody(await self._backend.connect_unix_socket(path, timeout, socket_options))
+
+    async def sleep(self, seconds: float) -> None:
+        await self._backend.sleep(seconds)
+
+
+class _Pool(httpx.AsyncHTTPTransport):
+    """httpx's transport (its request and response mapping, its errors) over a connection pool whose
+    connections write a request's head with its body."""
+
+    def __init__(self, max_connections: int) -> None:
+        limits = _limits(max_connections)
+        super().__init__(limits=limits)
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(), max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
+            network_backend=_OneWriteBackend())
+
+
 @dataclass
 class _Early:
     worker: str
@@ -74,7 +151,7 @@ class HttpxTransport:
         self.stall = timeout if stall is None else stall
         # calls go straight to httpx's transport (its connection pool): the client's per-call layers
         # (auth, redirects, cookies, event hooks) have nothing to do for a worker
-        self._pool = httpx.AsyncHTTPTransport(limits=_limits(max_connections))
+        self._pool = _Pool(max_connections)
         self._headers = list(httpx.Headers(_headers(api_key)).raw)
         self._urls: dict[str, httpx.URL] = {}
         self._extensions = {"timeout": _timeout(timeout).as_dict()}
@@ -126,10 +203,11 @@ class HttpxTransport:
                 pending = b""
                 async for data in response.stream:  # type: ignore[union-attr]  # the transport's byte stream
                     lines, pending = _lines(pending, data)
-                    for line in lines:
+                    if lines:  # lines read together came together: one bound for them all
                         seen = True
                         # from the first line on, the deadline is the stall bound from the latest one
                         first_byte.reschedule(None if self.stall is None else loop.time() + self.stall)
+                    for line in lines:
                         yield line
                 if pending:
                     yield pending
@@ -143,8 +221,22 @@ class HttpxTransport:
             if response is not None:
                 await response.aclose()
 
-    async def post(self, worker: str, path: str, body: bytes) -> bytes:
+    async def post(self, worker: str, path: str, body: bytes, *, early: Any = None) -> bytes:
+        if early is not None:
+            assert isinstance(early, _Early)
+            return await _read(await early.opening, worker)
         return await _read(await self._open(worker, path, body), worker)
+
+    async def alive(self, worker: str, timeout: float) -> bool:
+        request = httpx.Request("GET", worker + "/health", headers=self._headers,
+                                extensions={"timeout": httpx.Timeout(timeout).as_dict()})
+        try:
+            async with asyncio.timeout(timeout):
+                response = await self._pool.handle_async_request(request)
+                await _read(response, worker)
+        except (httpx.HTTPError, BackendError, TimeoutError):
+            return False
+        return response.status_code == 200
 
     async def get_json(self, worker: str, path: str) -> Any:
         request = httpx.Request("GET", worker + path, headers=self._headers, extensions=self._extensions)

@@ -5,12 +5,13 @@ messages and tools among them), the session, the tenant's ``extra_key`` and
 templater, and the pool; it checks the fields (an unknown or bad one is a
 :class:`~agent_cache.errors.InvalidRequestError` naming it, before anything is routed
 or written), runs the prompt through the templater, sets the tenant's
-``extra_key``, and encodes the worker's body. The worker is asked for a
-stream with its usage whatever the caller asked for (the router learns from
-the usage, and a streamed answer can be timed to its first byte); the
-caller's own wishes travel in ``stream`` and ``include_usage``. A whole
-``/generate`` is the one call sent whole: its streamed events differ between
-SGLang releases.
+``extra_key``, and encodes the worker's body. A streamed call asks the
+worker for its usage event whatever the caller asked for (the router learns
+from the usage); the caller's own wishes travel in ``stream`` and
+``include_usage``. A whole call is sent whole (its answer carries the usage)
+unless the door asks for a stream (``stream_whole``: ``ChatSGLang`` reads
+every answer as events); a whole ``/generate`` is always sent whole, as its
+streamed events differ between SGLang releases.
 """
 
 from __future__ import annotations
@@ -60,12 +61,8 @@ class Call:
     include_usage: bool  # the caller asked for the usage event of a stream
     prompt: NormalizedPrompt | None  # chat only: recorded in the template registry once served
     model: str | None = None  # as the caller named it (traces and logs)
+    worker_streams: bool = True  # the worker is asked for a stream (else for its whole answer)
     started: float = 0.0  # time.monotonic() as the door had the request: the call's latencies start here
-
-    @property
-    def worker_streams(self) -> bool:
-        """The worker is asked for a stream (every call but a whole ``/generate``)."""
-        return self.stream or self.path != GENERATE
 
 
 def _check_input(path: str, params: Mapping[str, Any]) -> None:
@@ -90,14 +87,16 @@ def prepare(path: str, params: dict[str, Any], *, session: str, tenant: str, poo
             extra_key: str | None, templater: Templater | None, fields: Collection[str] | None = None,
             owner: str = "give ChatSGLang(tenant=...) instead", variables: Mapping[str, str] | None = None,
             include_usage: bool = False, checked_json: bool = False, from_json: bool = False,
-            started: float | None = None) -> Call:
+            stream_whole: bool = True, depth_checked: bool = False, started: float | None = None) -> Call:
     """Check one request (``params``: its body, ``messages`` and ``extra_body`` included) and build its
     :class:`Call`. ``fields``: the fields accepted (by default those SGLang accepts on ``path``);
     ``owner``: how the caller picks a tenant, for the error naming a tenant-owned field;
     ``variables``: the call's template variables; ``checked_json``: every text is valid Unicode and
     every number finite (a strict parser read it), so that walk is skipped; ``from_json``: the
-    messages and tools were just read from JSON text (only JSON's own types); ``started``: when the
-    door had the request (``time.monotonic()``; by default now).
+    messages and tools were just read from JSON text (only JSON's own types); ``stream_whole``: a
+    call whose caller wants the whole answer is streamed from the worker too (else it is sent whole);
+    ``depth_checked``: the request's nesting was checked as it was read.
+    ``started``: when the door had the request (``time.monotonic()``; by default now).
     A :class:`~agent_cache.errors.TemplateError` from the templater is raised as it is."""
     started = time.monotonic() if started is None else started
     fields = FIELDS[path] if fields is None else fields
@@ -117,7 +116,8 @@ def prepare(path: str, params: dict[str, Any], *, session: str, tenant: str, poo
             raise InvalidRequestError("messages", "required: the conversation so far")
         if not isinstance(messages, list) or not messages:
             raise InvalidRequestError("messages", "expected a non-empty list of messages")
-        check_chat_request(messages, params, owned, fields=fields, owner=owner, values_checked=checked_json)
+        check_chat_request(messages, params, owned, fields=fields, owner=owner, values_checked=checked_json,
+                           depth_checked=depth_checked)
         if templater is None:
             raise ConfigError("templater", "a chat request needs the tenant's templater")  # the door's bug, not the caller's
         prompt = templater.normalize(messages, params.get("tools"), session_id=session, variables=variables,
@@ -128,17 +128,20 @@ def prepare(path: str, params: dict[str, Any], *, session: str, tenant: str, poo
         template_id, tokens = prompt.template_id, prompt.template_tokens
     else:
         _check_input(path, params)
-        check_chat_request([], params, owned, fields=fields, owner=owner, values_checked=checked_json)
+        check_chat_request([], params, owned, fields=fields, owner=owner, values_checked=checked_json,
+                           depth_checked=depth_checked)
     params.update(params.pop("extra_body", None) or {})  # merged unchecked, as the OpenAI SDK merges it
     for name in TENANT_FIELDS:
         params.pop(name, None)
     if extra_key is not None:
         params["extra_key"] = extra_key  # keeps tenants apart in the worker's radix cache
-    if path != GENERATE:
+    worker_streams = stream or (stream_whole and path != GENERATE)
+    if worker_streams:
         params["stream"] = True
-        params["stream_options"] = {**(options or {}), "include_usage": True}  # the router needs the usage
+        if path != GENERATE:  # the router needs the usage (every /generate event carries it)
+            params["stream_options"] = {**(options or {}), "include_usage": True}
     route = RouteRequest(session_id=session, template_id=template_id, tenant=tenant, pool=pool,
                          prompt_tokens_estimate=tokens)
     model = params.get("model")
     return Call(path, dumps(params), route, stream, include_usage, prompt, model if isinstance(model, str) else None,
-                started)
+                worker_streams, started)

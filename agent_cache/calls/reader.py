@@ -27,7 +27,6 @@ class Event:
     raw: bytes
     payload: bytes | None
     worker: str
-    whole: bool = False  # not an event: the worker's whole answer (see ``EventReader(whole_ok=True)``)
     _data: dict[str, Any] | None = field(default=None, repr=False)
 
     def data(self) -> dict[str, Any]:
@@ -66,17 +65,13 @@ def usage_of(data: dict[str, Any], path: str) -> Usage | None:
 class EventReader:
     """Reads one stream. ``include_usage``: the caller asked for the usage-only event (the worker is
     always asked for it, as the router learns from it); without, that event is read and not given out.
-    ``whole_ok``: the caller wants the whole answer, so a worker that answers the stream it was asked
-    for with a whole JSON body (an option of the request can make SGLang do so) has answered: the
-    body is given out as one :class:`Event` with ``whole`` set; otherwise that is a
-    :class:`ResponseMismatchError`."""
+    A whole JSON body where a stream was asked (an option of the request can make SGLang answer so) is
+    a :class:`ResponseMismatchError`."""
 
-    def __init__(self, worker: str, path: str, include_usage: bool = True, whole_ok: bool = False) -> None:
+    def __init__(self, worker: str, path: str, include_usage: bool = True) -> None:
         self.worker = worker
         self.path = path
         self.include_usage = include_usage
-        self.whole_ok = whole_ok
-        self.whole: list[bytes] | None = None  # the lines of a whole answer
         self.usage: Usage | None = None
         self.done = False
         self.events = 0  # events given out so far
@@ -85,9 +80,6 @@ class EventReader:
 
     def feed(self, line: bytes) -> Event | None:
         """One line (with its line ending); the event it completes, if any."""
-        if self.whole is not None:
-            self.whole.append(line)
-            return None
         if line.startswith(b"data:"):
             payload = line[5:].strip()
             if payload == b"[DONE]":
@@ -96,9 +88,6 @@ class EventReader:
                 self._payload = payload
         elif not self.events and not self._lines:
             if line.lstrip().startswith(b"{"):  # a whole JSON answer: an option of the request asked for it
-                if self.whole_ok:
-                    self.whole = [line]
-                    return None
                 raise ResponseMismatchError("the worker answered a streamed request with a JSON body",
                                             url=self.worker, status=200)
             if line.strip() and not line.startswith(b":"):
@@ -111,12 +100,6 @@ class EventReader:
 
     def end(self) -> Event | None:
         """The stream ended: its last event if it had no closing blank line; raises if ``[DONE]`` never came."""
-        if self.whole is not None:
-            body = b"".join(self.whole)
-            whole = Event(body, body, self.worker, whole=True)
-            self.usage = usage_of(whole.data(), self.path)
-            self.done = True
-            return whole
         event = self._event() if self._lines else None
         if not self.done:
             raise StreamError("stream ended without data: [DONE]", url=self.worker)

@@ -7,6 +7,10 @@ answer's lines as they arrive. Its contract, whichever library is under it:
   reached, answer and send its first line (a hung worker accepts the
   connection and sends nothing), then at most the transport's stall timeout
   between lines;
+- ``post`` waits for a whole answer, each silence bounded by the transport's
+  timeout (the caller bounds the wait for a hung worker:
+  :func:`~agent_cache.calls.attempt.awhole`, with ``alive``, whether the
+  worker answers its ``/health``);
 - failures are typed (:func:`~agent_cache.backends.protocol.transport_error`): :class:`WorkerConnectionError`
   (the worker could not be reached, or dropped the connection before
   answering), :class:`WorkerTimeoutError` (silence past a deadline),
@@ -15,8 +19,8 @@ answer's lines as they arrive. Its contract, whichever library is under it:
   :class:`StreamError` once the stream broke after its first line;
 - ``send_early`` may write a request before the route answers (an optional
   fast path: a transport without it returns None); the route then either
-  confirms the worker (the answer is read with ``stream(..., early=sent)``)
-  or the early send is dropped.
+  confirms the worker (the answer is read with ``stream(..., early=sent)``,
+  or ``post(..., early=sent)`` for a whole one) or the early send is dropped.
 
 Two implementations: :mod:`agent_cache.calls.httpx_transport` (the
 reference, sync and async) and the gateway's optional fast path
@@ -41,7 +45,7 @@ class WorkerTransport(Protocol):
     """Async: how a call reaches a worker (the gateway's transports, and ``ChatSGLang``'s async calls)."""
 
     def send_early(self, worker: str, path: str, body: bytes) -> SentEarly | None:
-        """Write the streamed request now if it can be done without waiting; None otherwise."""
+        """Write the request now if it can be done without waiting; None otherwise."""
         ...
 
     def drop(self, sent: SentEarly) -> None:
@@ -53,8 +57,12 @@ class WorkerTransport(Protocol):
         """``POST`` ``body`` and yield the answer's lines, each with its line ending."""
         ...
 
-    async def post(self, worker: str, path: str, body: bytes) -> bytes:
-        """``POST`` ``body`` and return the whole answer (each silence bounded by the stall timeout)."""
+    async def post(self, worker: str, path: str, body: bytes, *, early: SentEarly | None = None) -> bytes:
+        """``POST`` ``body`` and return the whole answer (each silence bounded by the timeout)."""
+        ...
+
+    async def alive(self, worker: str, timeout: float) -> bool:
+        """Whether ``worker`` answers ``GET /health`` with 200 within ``timeout`` seconds."""
         ...
 
     async def get_json(self, worker: str, path: str) -> Any:

@@ -6,7 +6,7 @@ Every proxied call goes through the same pipeline as a ``ChatSGLang`` call
 worker while nothing reached the client, the attempt's usage is fed back to
 the store), each attempt over the gateway's transport (httpx, or the fast
 path with ``--transport fast``). Stream events pass through unchanged, event
-by event; a whole answer is assembled from the worker's stream
+by event; a whole call is sent whole and the worker's answer passed on
 (:mod:`agent_cache.gateway.forward`). Two headers say where the call went
 (``x-agent-cache-worker``, ``x-agent-cache-session``).
 """
@@ -300,7 +300,7 @@ class Gateway:
                        templater=self.templater(grant.tenant) if path == CHAT else None,
                        pool=authz.choose_pool(grant, request.headers.get(POOL_HEADER)),
                        extra_fields=self.config.extra_fields, shared=self.config.api_keys is not None,
-                       checked_json=checked, started=started)
+                       checked_json=checked, depth_checked=True, started=started)
         return call, reservation_tokens(body, len(raw))
 
     # --- the gateway's own endpoints --------------------------------------------------
@@ -439,6 +439,8 @@ def _lifespan(gateway: Gateway) -> Callable[[Starlette], Any]:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         encoder()  # load the tokenizer the templates count with now, not inside the first call
+        # calls' releases and usage reports written in this loop, not by waking a thread per call
+        gateway.router.outbox.flush_in(asyncio.get_running_loop())
         await gateway.check_store()
         await asyncio.to_thread(gateway.fleet.start)  # the shared fleet (and DNS) before the first call
         yield

@@ -2,10 +2,11 @@
 through the lifecycle, its attempts over the gateway's transport, its answer written to the client.
 
 A streamed call passes the worker's events on as they come; a whole call is
-streamed from the worker too and assembled (:class:`~agent_cache.calls.assemble.Whole`),
-so both wait for a hung worker only until its first-byte deadline. The
-answer goes out before the attempt is settled (the store's bookkeeping is
-off the client's wait).
+sent whole and the worker's answer passed on as it is
+(:func:`~agent_cache.calls.attempt.awhole`). Both wait for a hung worker only
+until its deadline: a stream's first byte, a whole answer's arrival (then as
+long as the worker answers its ``/health``). The answer goes out before the
+attempt is settled (the store's bookkeeping is off the client's wait).
 """
 
 from __future__ import annotations
@@ -22,13 +23,9 @@ from starlette.types import Send
 
 from agent_cache.calls import attempt as attempts
 from agent_cache.calls.prepare import CHAT, COMPLETIONS, GENERATE
-from agent_cache.calls.assemble import Whole
-from agent_cache.calls.jsonio import json_object
 from agent_cache.calls.prepare import Call
-from agent_cache.calls.reader import usage_of
 from agent_cache.calls.served import Served
 from agent_cache.calls.transport import SentEarly, WorkerTransport
-from agent_cache.errors import ResponseMismatchError
 from agent_cache.gateway import access_log, authz
 from agent_cache.gateway.asgi import EventStream, Once, send_json, unless_client_leaves
 from agent_cache.gateway.keys import ApiKey
@@ -82,8 +79,6 @@ class Forward:
         The route still decides: when it names another worker, the early send is dropped (which
         SGLang takes as an abort) and the call goes there.
         """
-        if not call.worker_streams:
-            return None
         worker = self.router.likely_worker(call.route)
         return None if worker is None else self.transport.send_early(worker, call.path, call.body)
 
@@ -98,11 +93,6 @@ class Forward:
         self.transport.drop(early)
         return None
 
-    def _events(self, call: Call, attempt: Attempt, tries: list[Placement],
-                early: SentEarly | None) -> AsyncGenerator[Any, None]:
-        tries.append(attempt.placement)
-        return attempts.astream(self.transport, call, attempt, deadlines=self.router.first_byte, cap=self.timeout,
-                                first_attempt=len(tries) == 1, early=early, whole_ok=not call.stream)
 
     async def whole(self, request: Request, call: Call, grant: ApiKey, send: Send,
                     reserved: Reservation | None = None) -> Response | None:
@@ -115,20 +105,9 @@ class Forward:
             nonlocal early, answered
             placement = attempt.placement
             sent, early = self._confirm(early, placement.worker), None
-            if call.worker_streams:
-                whole, raw = Whole(call.path), b""
-                async for event in self._events(call, attempt, tries, sent):
-                    if event.whole:  # the worker answered whole (an option of the request): passed on
-                        raw = event.raw
-                    elif event.payload is not None:
-                        whole.add(event.data())
-                raw = raw or whole.body()
-            else:  # a whole /generate: its silence bounded by the stall timeout only
-                raw = await self.transport.post(placement.worker, call.path, call.body)
-                if raw.startswith(b"data:"):  # an event stream: an option of the request asked for it
-                    raise ResponseMismatchError("the worker answered a whole request with a stream",
-                                                url=placement.worker, status=200)
-                attempt.usage = usage_of(json_object(raw, placement.worker), call.path)
+            tries.append(placement)
+            raw = await attempts.awhole(self.transport, call, attempt, deadlines=self.router.first_byte,
+                                        cap=self.timeout, first_attempt=len(tries) == 1, early=sent)
             answered = True  # succeeded: nothing is retried, and a client leaving now cancels nothing
             await send_json(send, raw, self.headers(placement, call, grant))
             if reserved is not None:
@@ -166,7 +145,10 @@ class Forward:
         async def sender(attempt: Attempt) -> AsyncGenerator[bytes, None]:
             nonlocal early
             sent, early = self._confirm(early, attempt.placement.worker), None
-            async for event in self._events(call, attempt, tries, sent):
+            tries.append(attempt.placement)
+            events = attempts.astream(self.transport, call, attempt, deadlines=self.router.first_byte,
+                                      cap=self.timeout, first_attempt=len(tries) == 1, early=sent)
+            async for event in events:
                 attempt.delivered = True  # from here on a retry would repeat output
                 if reserved is not None:
                     reserved.delivered = True

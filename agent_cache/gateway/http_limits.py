@@ -54,12 +54,13 @@ import termios
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, cast
 
 from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from agent_cache.errors import ConfigError
+from agent_cache.gateway.writes import HeadWithBody
 
 DEFAULT_MAX_BYTES = 64 * 1024
 DEFAULT_MAX_COUNT = 100
@@ -448,6 +449,7 @@ def _make(base: type[Any]) -> type[Any]:
             self.app: ASGI3Application = checked_app(self.app, self.guard_limits)
 
         def connection_made(self, transport: asyncio.Transport) -> None:
+            transport = cast(asyncio.Transport, HeadWithBody(transport, self.loop))  # a head written with its body
             super().connection_made(transport)
             self.guard = _Guard(self.guard_limits, self.guard_pending, self.loop, transport, lambda: self.cycle)
             self.guard.start()

@@ -62,13 +62,15 @@ def find_session(headers: Mapping[str, str], header: str, body: Mapping[str, Any
 
 def prepare(path: str, body: dict[str, Any], *, grant: ApiKey, extra_key: str | None, session: str,
             templater: Templater | None, pool: str | None, extra_fields: frozenset[str],
-            shared: bool = False, checked_json: bool = False, started: float | None = None) -> Call:
+            shared: bool = False, checked_json: bool = False, depth_checked: bool = False,
+            started: float | None = None) -> Call:
     """Check one request and build its :class:`Call`; raises InvalidRequestError naming the bad field.
 
     ``shared``: the gateway serves several tenants (API keys), so fields that reach across requests
     on a worker (a request id another tenant could collide with, code the worker would run) are refused.
     ``checked_json``: every text in ``body`` is valid Unicode and every number finite (orjson read
-    it), so that walk is skipped. ``started``: when the request was read (``time.monotonic()``).
+    it), so that walk is skipped; ``depth_checked``: :func:`parse_json_body` read it (its nesting is checked);
+    ``started``: when the request was read (``time.monotonic()``).
     """
     if "extra_body" in body:
         raise InvalidRequestError("extra_body", "not a request field: OpenAI clients merge extra_body into the body")
@@ -80,7 +82,8 @@ def prepare(path: str, body: dict[str, Any], *, grant: ApiKey, extra_key: str | 
     try:
         return calls.prepare(path, params, session=session, tenant=grant.tenant, pool=grant.pool or pool,
                              extra_key=extra_key, templater=templater, fields=FIELDS[path] | extra_fields,
-                             owner=_TENANT_HINT, checked_json=checked_json, from_json=True, started=started)
+                             owner=_TENANT_HINT, checked_json=checked_json, from_json=True,
+                             stream_whole=False, depth_checked=depth_checked, started=started)
     except TemplateError as exc:
         field = exc.field if exc.field.startswith(("messages", "tools")) else f"messages.{exc.field}"
         raise InvalidRequestError(field, str(exc).split(": ", 1)[-1]) from None

@@ -25,7 +25,7 @@ import httptools
 from agent_cache.backends.protocol import decode_json, http_error
 from agent_cache.backends.protocol import transport_error as _error
 from agent_cache.calls.transport import CONNECT_TIMEOUT as _CONNECT_TIMEOUT
-from agent_cache.errors import StreamError
+from agent_cache.errors import BackendError, StreamError
 from agent_cache.telemetry import trace_context
 
 # SGLang's HTTP server (uvicorn) closes a connection idle for 5 s; closing ours first means a
@@ -63,6 +63,11 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
         self.sent_at = 0.0
+        # one timer per connection, moved on lazily: a stream's every event would otherwise schedule one
+        self._loop = asyncio.get_running_loop()
+        self._expires: float | None = None  # when the current wait times out (the loop's clock)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._begin(streaming=False)
 
     def _begin(self, streaming: bool) -> None:
@@ -157,17 +162,36 @@ class _Connection(asyncio.Protocol):
         ``timeout`` seconds without a byte."""
         if self.error is not None:
             raise self.error
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(timeout, _expire, waiter) if timeout is not None else None
+        if timeout is None:
+            self._expires = None
+        else:
+            self._expires = expires = loop.time() + timeout
+            if self._timer is None or self._timer_at > expires:  # else it fires first, and moves on to this
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._arm(expires)
         try:
             await waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
         if self.error is not None:
             raise self.error
+
+    def _arm(self, at: float) -> None:
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._timed)
+
+    def _timed(self) -> None:
+        self._timer = None
+        waiter, expires = self._waiter, self._expires
+        if waiter is None or waiter.done() or expires is None:
+            return  # nothing waits now: the next wait arms it again
+        if self._loop.time() < expires:
+            self._arm(expires)  # the wait began after this timer was set
+        else:
+            waiter.set_exception(asyncio.TimeoutError())
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -182,13 +206,11 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.transport is not None:
             self.transport.abort()
-
-
-def _expire(waiter: "asyncio.Future[None]") -> None:
-    if not waiter.done():
-        waiter.set_exception(asyncio.TimeoutError())
 
 
 @dataclass(frozen=True)
@@ -323,10 +345,28 @@ class Upstream:
 
     # --- the calls ----------------------------------------------------------------------------
 
-    async def post(self, worker: str, path: str, body: bytes) -> bytes:
-        """``POST`` an encoded JSON body; the response body (an error status raises its typed error)."""
-        origin, conn = await self._open(b"POST", worker, path, body, streaming=False, deadline=None)
+    async def post(self, worker: str, path: str, body: bytes, *, early: Any = None) -> bytes:
+        """``POST`` an encoded JSON body; the response body (an error status raises its typed error).
+        ``early``: the same request, already written by :meth:`send_early`."""
+        sent: SentEarly | None = early
+        if sent is not None:
+            origin = sent.origin
+            conn = await self._headers(worker, origin, sent.conn, sent.request, False, None)
+            conn.stop_streaming()  # read whole: never paused for a consumer
+        else:
+            origin, conn = await self._open(b"POST", worker, path, body, streaming=False, deadline=None)
         return await self._answer(origin, conn, worker)
+
+    async def alive(self, worker: str, timeout: float) -> bool:
+        """Whether ``worker`` answers ``GET /health`` with 200 within ``timeout`` seconds."""
+        try:
+            origin, conn = await self._open(b"GET", worker, "/health", b"", streaming=False,
+                                            deadline=time.monotonic() + timeout)
+            async with asyncio.timeout(timeout):
+                await self._answer(origin, conn, worker)
+        except (BackendError, TimeoutError):
+            return False
+        return conn.status == 200
 
     async def stream(self, worker: str, path: str, body: bytes, *, first_byte_timeout: float | None = None,
                      early: Any = None) -> AsyncGenerator[bytes, None]:
@@ -376,9 +416,9 @@ class Upstream:
         self._release(origin, conn)
 
     def send_early(self, worker: str, path: str, body: bytes) -> "SentEarly | None":
-        """Write a streamed :meth:`post` on an idle keep-alive connection to ``worker`` at once, without
-        waiting for anything; None when no connection is idle. Read the answer with :meth:`stream`
-        given ``early``, or :meth:`drop` it."""
+        """Write a :meth:`post` on an idle keep-alive connection to ``worker`` at once, without waiting
+        for anything; None when no connection is idle. Read the answer with :meth:`stream` (or, for a
+        request that asks for a whole answer, :meth:`post`) given ``early``, or :meth:`drop` it."""
         origin, request, conn = self._write_pooled(b"POST", worker, path, body, True)
         return SentEarly(worker, origin, conn, request) if conn is not None else None
 

@@ -3,13 +3,15 @@
 A finished call's release and a served call's usage report ride on this
 router's next store write (the next route carries them in the same
 script), or are written by a background :class:`~agent_cache.background.Flusher`
-within ``release_delay``, so a call costs one round trip. While calls are in
+within ``release_delay`` (in its thread, or in the event loop it was bound
+to: :meth:`Outbox.flush_in`), so a call costs one round trip. While calls are in
 flight the router's lease is renewed every ``lease / 3`` seconds, so a
 router killed mid-call has its counts reclaimed by the store.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any, Callable
 
@@ -17,7 +19,7 @@ from agent_cache.background import Flusher
 from agent_cache.errors import StoreError
 from agent_cache.routing.degraded import StoreAvailability
 from agent_cache.routing.releases import PendingReleases
-from agent_cache.routing.store_ops import Flow, StoreOp, run
+from agent_cache.routing.store_ops import Flow, StoreOp, arun, run
 from agent_cache.store.base import Lease, Releases, UsageReport
 
 
@@ -110,6 +112,16 @@ class Outbox:
 
     def flush(self) -> None:
         run(self.store, self.flush_flow())
+
+    async def aflush(self) -> None:
+        """Async :meth:`flush`."""
+        await arun(self.store, self.flush_flow())
+
+    def flush_in(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Write what calls in ``loop`` (a long-lived one, running in this thread) owe in that loop, not by
+        waking the flusher's thread for each (the gateway's calls)."""
+        if self._flusher is not None:
+            self._flusher.run_in(loop, self.aflush)
 
     def renew(self) -> None:
         """Tell the store what this router really has in flight and renew its lease (one round trip)."""

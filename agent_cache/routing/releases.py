@@ -18,6 +18,10 @@ import uuid
 
 from agent_cache.store.base import ReleaseBatch
 
+# bumped in a forked child: how a ledger knows it was forked without asking the kernel its pid per call
+_forks = [0]
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
 
 class PendingReleases:
     """This router's releases: running totals per worker, how much the store acknowledged, and the calls
@@ -33,7 +37,7 @@ class PendingReleases:
         self._reset()
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
+        self._generation = _forks[0]
         self._lock = threading.Lock()
         self.source = uuid.uuid4().hex  # this router in this process
         self._released: dict[str, int] = {}
@@ -44,7 +48,7 @@ class PendingReleases:
         # A forked child starts afresh, under a source of its own: the parent's
         # releases are the parent's to write, and a lock held by another thread
         # at fork time would never be released in the child.
-        if self._pid != os.getpid():
+        if self._generation != _forks[0]:
             self._reset()
 
     def current_source(self) -> str:

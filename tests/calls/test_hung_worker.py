@@ -19,7 +19,7 @@ from agent_cache.server_processes import AgentCacheGateways, SimWorkers
 from agent_cache.routing import Router
 
 FLOOR = 1.0
-BOUND = FLOOR + 0.2 + 3.0  # the floor, the backoff, the retry
+BOUND = FLOOR + 0.2 + 3.0  # the floor (a whole call: its deadline, /health asked before it), the backoff, the retry
 SYSTEM = "You are a careful agent. " * 20
 Step = Callable[[str], str]  # a step's text -> the worker that served it
 

@@ -1,4 +1,4 @@
-"""The one SSE reader and the whole-answer assembly, on byte-exact streams."""
+"""The one SSE reader, on byte-exact streams."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from agent_cache.backends.protocol import Usage
-from agent_cache.calls.assemble import Whole
 from agent_cache.calls.reader import EventReader
 from agent_cache.errors import MalformedResponseError, ResponseMismatchError, StreamError, WorkerBadRequestError
 
@@ -63,46 +62,8 @@ def test_what_is_not_a_whole_event_stream_is_an_error() -> None:
     assert event is not None and isinstance(event.error(), WorkerBadRequestError)
 
 
-def test_a_chat_stream_assembles_into_the_whole_answer() -> None:
-    whole = Whole("/v1/chat/completions")
-    call = {"id": "c1", "index": 0, "type": "function", "function": {"name": "search", "arguments": ""}}
-    for data in (_chunk({"role": "assistant", "content": ""}), _chunk({"content": "Hel"}, logprobs={"content": [1]}),
-                 _chunk({"content": "lo"}, logprobs={"content": [2]}), _chunk({"content": "x"}, index=1),
-                 _chunk({"tool_calls": [call]}, index=2), _chunk({"tool_calls": [{"index": 0, "function": {
-                     "arguments": '{"q": 1}'}}]}, index=2),
-                 _chunk({}, "stop", matched_stop=7), _chunk({}, "tool_calls", index=2), USAGE):
-        whole.add(data)
-    answer = json.loads(whole.body())
-    assert answer["object"] == "chat.completion" and answer["id"] == "r1" and answer["usage"] == USAGE["usage"]
-    first, second, tools = answer["choices"]
-    assert first["message"] == {"role": "assistant", "content": "Hello", "reasoning_content": None,
-                                "tool_calls": None}
-    assert first["logprobs"] == {"content": [1, 2]} and first["finish_reason"] == "stop" and first["matched_stop"] == 7
-    assert second["index"] == 1 and second["message"]["content"] == "x"
-    assert tools["message"]["content"] is None and tools["finish_reason"] == "tool_calls"
-    assert tools["message"]["tool_calls"] == [{"id": "c1", "index": 0, "type": "function",
-                                               "function": {"name": "search", "arguments": '{"q": 1}'}}]
-
-
-def test_a_completion_stream_assembles_into_the_whole_answer() -> None:
-    whole = Whole("/v1/completions")
-    for piece, finish, logprobs in (("Hel", None, {"tokens": ["Hel"], "token_logprobs": [-1.0]}),
-                                    ("lo", "length", {"tokens": ["lo"], "token_logprobs": [-2.0]})):
-        whole.add({"id": "r2", "object": "text_completion", "created": 1, "model": "m",
-                   "choices": [{"index": 0, "text": piece, "logprobs": logprobs, "finish_reason": finish}],
-                   "usage": None})
-    answer = json.loads(whole.body())
-    assert answer["object"] == "text_completion" and answer["choices"][0]["text"] == "Hello"
-    assert answer["choices"][0]["logprobs"] == {"tokens": ["Hel", "lo"], "token_logprobs": [-1.0, -2.0]}
-    assert answer["choices"][0]["finish_reason"] == "length"
-
-
-def test_a_whole_json_answer_to_a_stream_is_the_answer_only_where_the_caller_wants_it_whole() -> None:
+def test_a_whole_json_answer_to_a_stream_is_a_mismatch() -> None:
     body = json.dumps({"id": "r1", "choices": [{"index": 0, "message": {"content": "hi"}}],
                        "usage": USAGE["usage"]}).encode()
     with pytest.raises(ResponseMismatchError):
         _read([body + b"\n"])
-    reader = EventReader(W, "/v1/chat/completions", whole_ok=True)
-    assert [reader.feed(line) for line in (body[:10], body[10:] + b"\n")] == [None, None]
-    whole = reader.end()
-    assert whole is not None and whole.whole and whole.raw == body + b"\n" and reader.usage == Usage(10, 3, 4)

@@ -322,6 +322,53 @@ def test_an_early_send_is_read_by_its_stream_or_dropped(kind: str) -> None:
     assert seen[1].endswith(b'{"early":1}')
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_whole_answer_sent_early_is_read_by_post(kind: str) -> None:
+    seen: list[bytes] = []
+
+    async def test(url: str, connections: list[int]) -> None:
+        up = _transport(kind, 2.0)
+        await up.post(url, "/v1/chat/completions", b"{}")  # a kept-alive connection
+        sent = up.send_early(url, "/v1/chat/completions", b'{"early":1}')
+        assert sent is not None
+        await asyncio.sleep(0.05)  # the route's round trip
+        assert await up.post(url, "/v1/chat/completions", b"", early=sent) == b'data: {"n": 2}\n\n'
+        await up.aclose()
+
+    assert len(_serve(_counting_stream(seen), test)) == 1  # on the kept-alive connection
+    assert seen[1].endswith(b'{"early":1}')
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_worker_is_alive_when_its_health_answers_200_in_time(kind: str) -> None:
+    mode = {"now": "ok"}
+
+    async def health(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await _read_request(reader)
+            assert request.startswith(b"GET /health ")
+            if mode["now"] == "silent":
+                await asyncio.sleep(5)
+            writer.write(_answer(b"", b"200 OK" if mode["now"] == "ok" else b"503 Service Unavailable"))
+            await writer.drain()
+
+    async def test(url: str, connections: list[int]) -> None:
+        up = _transport(kind, 5.0)
+        assert await up.alive(url, 1.0)
+        mode["now"] = "unhealthy"
+        assert not await up.alive(url, 1.0)
+        mode["now"] = "silent"
+        started = time.monotonic()
+        assert not await up.alive(url, 0.3)
+        assert time.monotonic() - started < 1.0  # its own bound, not the transport's timeout
+        mode["now"] = "ok"
+        assert await up.alive(url, 1.0)  # on a new connection: the silent one was closed
+        assert not await up.alive("http://127.0.0.1:9", 1.0)  # nothing listens there
+        await up.aclose()
+
+    _serve(health, test)
+
+
 def test_the_fast_path_sends_early_only_on_an_idle_connection_and_resends_one_found_stale() -> None:
     seen: list[bytes] = []
 
@@ -371,3 +418,32 @@ def test_the_sync_httpx_transport_reads_lines_and_types_its_errors() -> None:
         await asyncio.to_thread(run)
 
     _serve(_misbehaving(mode), test)
+
+
+def test_the_httpx_transport_writes_a_requests_head_and_body_at_once() -> None:
+    from agent_cache.calls.httpx_transport import _HeadWithBody
+
+    class Recorded:
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+
+        async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            self.writes.append(buffer)
+
+        async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            return b"HTTP/1.1 200 OK\r\n"
+
+    async def main() -> None:
+        inner = Recorded()
+        stream = _HeadWithBody(inner)  # type: ignore[arg-type]
+        post = b"POST /generate HTTP/1.1\r\nHost: w\r\nContent-Length: 2\r\n\r\n"
+        await stream.write(post)
+        await stream.write(b"{}")
+        await stream.write(b"")  # the end of the message
+        get = b"GET /health HTTP/1.1\r\nHost: w\r\n\r\n"
+        await stream.write(get)
+        await stream.write(post)
+        await stream.read(100)  # an answer read before a body came: the head went first
+        assert inner.writes == [post + b"{}", get, post]
+
+    asyncio.run(main())

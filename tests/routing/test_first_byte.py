@@ -71,3 +71,18 @@ def test_calls_of_the_usual_size_waiting_ahead_do_not_stretch_the_deadline() -> 
     for _ in range(10):
         d.observe("w", 0.5, 1000)
     assert [d.deadline("w", 600.0, d.waiting("w", 1000)) for _ in range(12)] == [pytest.approx(1.5)] * 12
+
+
+def test_whole_answers_keep_their_own_record_and_queue_with_streams() -> None:
+    d = FirstByteDeadlines(floor=1.0, factor=3.0, min_samples=4)
+    for _ in range(4):
+        d.observe("w", 0.1, 100)
+        d.observe("w", 2.0, 100, whole=True)
+    assert d.deadline("w", 60.0) == pytest.approx(1.0)  # streams' first bytes: the floor
+    assert d.deadline("w", 60.0, whole=True) == pytest.approx(6.0)  # whole answers take their whole time
+    d.forget("w")
+    assert d.deadline("w", 60.0, whole=True) == pytest.approx(6.0)  # judged by every worker's
+    big = d.waiting("w", 1000)  # a long prompt sent whole, still in its prefill
+    assert d.waiting("w", 100) == 100 + 900  # a stream queued behind it waits for it too
+    d.answered("w", 1000)
+    assert big == 1000 and d.waiting("w", 100) == 100

@@ -90,6 +90,24 @@ async def test_async_face_batches_too(redis_server, prefix):
     router.close()
 
 
+async def test_a_router_flushing_in_its_loop_writes_there_without_its_thread(redis_server, prefix):
+    router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None, release_delay=0.05)
+    router.outbox.flush_in(asyncio.get_running_loop())  # as the gateway does
+    for i in range(3):
+        await router.asettle(await router.aroute(RouteRequest(f"s{i}")))
+        deadline = time.monotonic() + 5
+        while _inflight(redis_server.url, prefix) != 0:  # written in this loop, within the delay
+            assert time.monotonic() < deadline, "the flush never came"
+            await asyncio.sleep(0.01)
+    assert router.outbox._flusher is not None and router.outbox._flusher._thread is None  # noqa: SLF001
+    await asyncio.to_thread(lambda: router.done(router.route(RouteRequest("elsewhere"))))  # another thread's
+    deadline = time.monotonic() + 5
+    while _inflight(redis_server.url, prefix) != 0:  # ... by the flusher's thread
+        assert time.monotonic() < deadline, "the thread's flush never came"
+        await asyncio.sleep(0.01)
+    await router.aclose()
+
+
 def test_close_writes_pending_releases(redis_server, prefix):
     router = Router(URLS, redis_url=redis_server.url, prefix=prefix, probe_interval=None, release_delay=60.0)
     router.done(router.route(RouteRequest("s1")))
