@@ -165,6 +165,9 @@ def test_every_panels_series_are_exposed_by_a_live_gateway(redis_url):
         first = httpx.post(url + "/v1/chat/completions", json=body, headers=headers)
         assert first.status_code == 200
         assert httpx.post(url + "/v1/chat/completions", json=body, headers=headers).status_code == 200  # sent early
+        # a whole answer arrives at once (no time per token): a stream gives that panel its series
+        streamed = httpx.post(url + "/v1/chat/completions", json={**body, "stream": True}, headers=headers)
+        assert streamed.status_code == 200 and "[DONE]" in streamed.text
         fleet.stop_worker(fleet.urls.index(first.headers["x-agent-cache-worker"]))
         moved = httpx.post(url + "/v1/chat/completions", json=body, headers=headers)  # fails over
         assert moved.status_code == 200 and moved.headers["x-agent-cache-worker"] != first.headers["x-agent-cache-worker"]
