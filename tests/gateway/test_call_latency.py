@@ -91,6 +91,7 @@ def test_a_gateways_calls_are_timed_per_worker_and_its_tenants_tokens_add_up(pro
                     worker, usage = _call(url, key, "/v1/chat/completions", body, session)
                     served[worker] += 1
                     tokens[tenant].update(usage)
+                    whole[worker] += not body.get("stream")  # sent whole to the worker: its answer comes in one piece
                     messages = [*messages, {"role": "assistant", "content": f"step {step}"},
                                 {"role": "user", "content": "go on"}]
             for path, body in (("/v1/completions", {"model": "m", "prompt": SYSTEM, "max_tokens": 6}),
@@ -100,7 +101,7 @@ def test_a_gateways_calls_are_timed_per_worker_and_its_tenants_tokens_add_up(pro
                 worker, usage = _call(url, key, path, body, f"{tenant}-text")
                 served[worker] += 1
                 tokens[tenant].update(usage)
-                whole[worker] += path == "/generate"  # sent whole to the worker: its answer comes in one piece
+                whole[worker] += not body.get("stream")
         samples = _samples(httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text)
 
     assert sum(served.values()) == 2 * (9 + 3) and len(served) >= 2, served
