@@ -39,7 +39,6 @@ def banded(tmp_path_factory) -> tuple[Path, dict]:
     return out, json.loads((out / "results.json").read_text())
 
 
-@pytest.mark.slow
 def test_results_carry_bands_over_every_run(banded) -> None:
     out, doc = banded
     assert [(r["seed"], r["latency"]) for r in doc["band_runs"]] == [

@@ -31,7 +31,6 @@ def quick(tmp_path_factory) -> tuple[Path, dict]:
     return out, json.loads((out / "results.json").read_text())
 
 
-@pytest.mark.slow
 def test_every_policy_completes_every_session(quick) -> None:
     _, doc = quick
     assert set(doc["policies"]) == set(SIM_POLICIES)
@@ -126,7 +125,6 @@ def test_bad_input_exits_2_naming_the_flag(argv, flag, tmp_path, capsys) -> None
     assert not (tmp_path / "results.json").exists()
 
 
-@pytest.mark.slow
 def test_placement_tunables_reach_the_router(tmp_path) -> None:
     """--placement builds agent-cache's Policy: a larger fair share keeps more sessions on template holders."""
     placed = {}

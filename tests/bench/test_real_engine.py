@@ -73,7 +73,6 @@ def tiny(tmp_path_factory) -> tuple[Path, dict, set[int], set[int]]:
     return out, json.loads((out / "results.json").read_text()), before, after
 
 
-@pytest.mark.slow
 def test_every_policy_completes_every_session(tiny) -> None:
     _, doc, _, _ = tiny
     pol = doc["policies"]
@@ -178,7 +177,6 @@ def test_mesh_flags_name_every_other_gateway_as_a_peer() -> None:
 
 @pytest.mark.smg
 @pytest.mark.skipif(SMG is None, reason="needs the smg binary")
-@pytest.mark.slow
 def test_gateways_join_one_mesh_and_serve_calls() -> None:
     with Processes() as procs:
         workers = SimWorkers(procs, 2, time_scale=0, capacity_tokens=10_000)

@@ -136,7 +136,6 @@ def executed(scripts, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.slow
 def test_notebook_executes(name, executed):
     nb = executed[name]
     if isinstance(nb, BaseException):
@@ -147,7 +146,6 @@ def test_notebook_executes(name, executed):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.slow
 def test_script(name, scripts):
     proc = scripts[name]
     stdout, stderr = proc.communicate(timeout=120)
